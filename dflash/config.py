@@ -1,0 +1,134 @@
+"""Typed config schemas (Hydra structured configs) and the Hydra glue.
+
+`conf/` holds one folder per group (target, drafter, prompts, attention, device, references);
+these dataclasses are their schemas, registered in Hydra's ConfigStore so a typo or a wrong
+type in a YAML file or an override fails at compose time. This module and the entry points
+are the only places that know Hydra; the rest of the package takes plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class TemplateConfig:
+    use_chat_template: bool = True
+    enable_thinking: bool = False  # explicit: a mismatched thinking mode is the top cause of low τ
+    system_prompt: Optional[str] = None
+
+
+@dataclass
+class TargetConfig:
+    name: str = MISSING
+    kind: str = MISSING  # gguf | hf | vlm_text
+    path: str = MISSING  # file, folder, or pkg:<package> for a GGUF shipped by a package
+    max_context: Optional[int] = None  # tokens; defaults to the model's max_position_embeddings
+    default_taps: Optional[list[int]] = None  # taps for drafter=init (else the public default)
+    mask_token_id: Optional[int] = None  # mask id for drafter=init
+    template: TemplateConfig = field(default_factory=TemplateConfig)
+
+
+@dataclass
+class DrafterSchema:
+    kind: str = MISSING  # training | hf | init
+    name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
+    run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
+    step: Optional[int] = None  # kind=training: None = latest
+    path: Optional[str] = None  # kind=hf
+    # only where a checkpoint lacks them:
+    block_size: Optional[int] = None
+    mask_token_id: Optional[int] = None
+    target_layer_ids: Optional[list[int]] = None
+    # kind=init:
+    num_layers: int = 1
+    num_taps: int = 5
+    seed: int = 0
+
+
+@dataclass
+class PromptsConfig:
+    source: str = MISSING  # builtin | jsonl | humaneval
+    path: Optional[str] = None
+    num_prompts: Optional[int] = None
+    subsets: Optional[list[str]] = None
+    max_new_tokens: int = 256
+
+
+@dataclass
+class AttentionConfig:
+    drafter: str = "sdpa"  # sdpa | eager | flex (CUDA only)
+    target: str = "sdpa"  # transformers attn_implementation of the target
+
+
+@dataclass
+class DeviceConfig:
+    name: str = "cpu"  # cpu | cuda | auto
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (bf16 on cuda, fp32 on cpu)
+    threads: Optional[int] = None  # CPU threads (torch.set_num_threads)
+    device_map: Optional[Any] = None  # e.g. "auto": shard the target over the visible GPUs
+
+
+@dataclass
+class ReferencesConfig:
+    source: str = "local"  # local | sglang | openai
+    url: Optional[str] = None
+    model: Optional[str] = None  # openai: the served model name
+    batch_size: int = 16
+    use_cache: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    uri: str = "sqlite:///mlflow.db"
+    experiment: Optional[str] = None  # default: dflash/<target.name>
+    artifact_location: Optional[str] = None  # default: ./mlruns/<experiment>
+
+
+@dataclass
+class EvalConfig:
+    target: TargetConfig = MISSING
+    drafter: DrafterSchema = MISSING
+    prompts: PromptsConfig = MISSING
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    references: ReferencesConfig = field(default_factory=ReferencesConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cache_dir: str = ".cache"
+    seed: int = 0
+    num_samples: int = 3  # sample generations printed and logged in full
+    anchors_per_chunk: int = 32
+    leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="eval_schema", node=EvalConfig)
+
+
+def to_container(cfg: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+def hydra_context() -> dict[str, Any]:
+    """Group choices and sweep identity of the running Hydra job (empty outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {"choices": {}, "sweep_dir": None, "job_num": None, "overrides": []}
+    hc = HydraConfig.get()
+    multirun = str(hc.mode) == "RunMode.MULTIRUN"
+    return {
+        "choices": {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None},
+        "sweep_dir": str(hc.sweep.dir) if multirun else None,
+        "job_num": hc.job.num if multirun else None,
+        "overrides": list(hc.overrides.task),
+    }

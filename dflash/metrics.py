@@ -1,0 +1,103 @@
+"""Metrics: raw counters per prompt, and every ratio derived from their sums (DFLASH.md §3).
+
+Conventions (named here, logged under these names):
+- `acceptance_length` τ: committed tokens per verify step, bonus included (plain decoding = 1);
+  token-weighted over all steps. `acceptance_length_macro`: mean of per-prompt τ (what DFlash's
+  benchmark prints). `mean_accepted` = τ - 1 is gpt-fast's "mean accepted" (bonus excluded).
+- `accept_rate/pos_k`: cumulative, accepted_at_pos[k] / steps (vLLM's).
+- `accept_rate_cond/pos_k`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B).
+- `accuracy/pos_k`: teacher-forced, slot k right whatever the earlier slots, over every anchor.
+- `expected_acceptance_length`: 1 + Σ_k Π_{i<=k} accuracy_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class Counters:
+    block_size: int
+    steps: int = 0  # verify steps
+    drafted: int = 0  # drafted tokens (B-1 per step)
+    accepted: int = 0  # drafted tokens accepted
+    committed: int = 0  # tokens committed by verify steps (accepted + bonus, capped at the reference end)
+    new_tokens: int = 0  # all generated tokens: committed + the first one from prefill
+    prompts: int = 0
+    wall_s: float = 0.0
+    accepted_at_pos: list[int] = field(default_factory=list)  # [B-1]: steps whose slot k was accepted
+    commit_hist: list[int] = field(default_factory=list)  # [B+1]: steps that committed c tokens
+    tf_correct: list[int] = field(default_factory=list)  # [B-1]: teacher-forced hits at slot k
+    tf_total: list[int] = field(default_factory=list)  # [B-1]: anchors with a label at slot k
+
+    def __post_init__(self):
+        K = self.block_size - 1
+        for name, n in (("accepted_at_pos", K), ("commit_hist", K + 2), ("tf_correct", K), ("tf_total", K)):
+            if not getattr(self, name):
+                setattr(self, name, [0] * n)
+
+    def __add__(self, o: "Counters") -> "Counters":
+        assert self.block_size == o.block_size
+        kw = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(o, f.name)
+            kw[f.name] = a if f.name == "block_size" else [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+        return Counters(**kw)
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def acceptance_length(c: Counters) -> float:
+    return _div(c.committed, c.steps)
+
+
+def accept_rate(c: Counters) -> list[float]:
+    return [_div(n, c.steps) for n in c.accepted_at_pos]
+
+
+def accept_rate_cond(c: Counters) -> list[float]:
+    prev = [c.steps] + c.accepted_at_pos[:-1]
+    return [_div(n, p) for n, p in zip(c.accepted_at_pos, prev)]
+
+
+def accuracy(c: Counters) -> list[float]:
+    return [_div(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
+
+
+def expected_acceptance_length(acc: list[float]) -> float:
+    total, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        total += run
+    return total
+
+
+def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
+    """Flat metric dict (MLflow names) over all prompts, plus τ per subset."""
+    total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
+    taus = [acceptance_length(c) for _, c in per_prompt if c.steps]
+    acc = accuracy(total)
+    m: dict[str, float] = {
+        "acceptance_length": acceptance_length(total),
+        "acceptance_length_macro": _div(sum(taus), len(taus)),
+        "mean_accepted": _div(total.accepted, total.steps),
+        "expected_acceptance_length": expected_acceptance_length(acc),
+        "draft_acceptance_rate": _div(total.accepted, total.drafted),
+        "steps": float(total.steps),
+        "new_tokens": float(total.new_tokens),
+        "prompts": float(total.prompts),
+    }
+    for k, (r, rc, a) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc), start=1):
+        m[f"accept_rate/pos_{k:02d}"] = r
+        m[f"accept_rate_cond/pos_{k:02d}"] = rc
+        m[f"accuracy/pos_{k:02d}"] = a
+    for c_, n in enumerate(total.commit_hist):
+        m[f"commit_hist/{c_:02d}"] = float(n)
+    for subset in sorted({s for s, _ in per_prompt}):
+        sub = [c for s, c in per_prompt if s == subset]
+        st = sum(sub[1:], sub[0])
+        m[f"acceptance_length/{subset}"] = acceptance_length(st)
+        m[f"expected_acceptance_length/{subset}"] = expected_acceptance_length(accuracy(st))
+    return m
