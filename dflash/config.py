@@ -132,3 +132,19 @@ def hydra_context() -> dict[str, Any]:
         "job_num": hc.job.num if multirun else None,
         "overrides": list(hc.overrides.task),
     }
+
+
+def _sweep_callback_base():
+    from hydra.experimental.callback import Callback
+
+    return Callback
+
+
+class SweepCallback(_sweep_callback_base()):
+    """Ends a sweep's MLflow parent run once every job of `-m` has run (see tracking.close_sweep)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from dflash import tracking
+
+        if config.tracking.enabled:
+            tracking.close_sweep(str(config.tracking.uri), str(config.hydra.sweep.dir))

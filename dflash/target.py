@@ -215,7 +215,9 @@ def load_target(
     device_map: Any = None,
 ) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
     if kind == "gguf":

@@ -1,0 +1,38 @@
+"""Console report: the short summary a run prints (pure formatting of an EvalResult)."""
+
+from __future__ import annotations
+
+from dflash.pipeline import EvalResult
+
+
+def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> str:
+    m, info = res.metrics, res.info
+    lines = [
+        f"== {info['run_name']}  ({info['device']}, {info['dtype']}, block {info['block_size']}, taps {info['target_layer_ids']})",
+        f"acceptance length τ (bonus included, token-weighted): {m['acceptance_length']:.3f}   "
+        f"macro (per-prompt mean): {m['acceptance_length_macro']:.3f}   expected from accuracy: {m['expected_acceptance_length']:.3f}",
+    ]
+    subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
+    if subsets:
+        lines.append("τ per subset: " + "   ".join(f"{s} {m[f'acceptance_length/{s}']:.3f}" for s in subsets))
+    if "leak_probe/acceptance_length" in m:
+        lines.append(f"leak probe: τ with the anchor's own feature visible {m['leak_probe/acceptance_length']:.3f} (gain {m['leak_probe/tau_gain']:+.3f})")
+    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)")
+    for k, (a, c, t) in enumerate(zip(res.curves["accept_rate"], res.curves["accept_rate_cond"], res.curves["accuracy"]), start=1):
+        lines.append(f"{k:>3}   {a:>11.3f}  {c:>12.3f}  {t:>12.3f}")
+    ref = info["references"]
+    lines.append(
+        f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "
+        f"{ref['cached']} cached, {ref['generated']} generated"
+    )
+    lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
+    for s in res.samples[:1]:
+        lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")
+        for b in s["blocks"][:max_blocks]:
+            rest = b["proposal"][len(b["accepted_text"]) :] if b["proposal"].startswith(b["accepted_text"]) else b["proposal"]
+            lines.append(f"   {b['anchor']!r} -> [{b['accepted_text']!r}] {rest!r}  ({b['accepted']} accepted)")
+    for w in res.warnings:
+        lines.append(f"WARNING: {w}")
+    if where:
+        lines.append(f"MLflow: {where}")
+    return "\n".join(lines)
