@@ -1,0 +1,77 @@
+"""The replay loop and the metrics, on hand-made proposals (no model)."""
+
+import random
+
+import pytest
+
+from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, expected_acceptance_length, summarize
+from dflash.replay import replay, teacher_forced
+
+B = 16
+
+
+def oracle_proposals(seq, P, pad=0):
+    return [(seq[p + 1 : p + B] + [pad] * B)[: B - 1] for p in range(P, len(seq) - 1)]
+
+
+@pytest.mark.parametrize("n_new", [1, 2, 15, 16, 17, 100, 256])
+def test_oracle_gets_block_size_except_where_the_reference_ends(n_new):
+    rng = random.Random(n_new)
+    P = 7
+    seq = [rng.randrange(1000) for _ in range(P + n_new)]
+    c, blocks = replay(seq, P, oracle_proposals(seq, P), B)
+    committed = n_new - 1  # the first new token comes from the prefill
+    assert c.committed == committed and c.new_tokens == n_new
+    full, rest = divmod(committed, B)
+    assert c.steps == full + (rest > 0)
+    assert [blk.accepted for blk in blocks] == [B - 1] * full + ([rest] if rest else [])
+    assert c.commit_hist[B] == full
+    if committed >= B:
+        assert acceptance_length(c) == pytest.approx(committed / c.steps)
+        assert acceptance_length(c) > B - 1 if rest == 0 else True
+    teacher_forced(seq, P, oracle_proposals(seq, P), c)
+    assert all(a == 1.0 for a, t in zip(accuracy(c), c.tf_total) if t)
+
+
+def test_random_drafter_gets_tau_close_to_one():
+    rng = random.Random(0)
+    P, V = 5, 50
+    seq = [rng.randrange(V) for _ in range(P + 300)]
+    props = [[rng.randrange(V) for _ in range(B - 1)] for _ in range(P, len(seq) - 1)]
+    c, _ = replay(seq, P, props, B)
+    tau = acceptance_length(c)
+    assert 1.0 <= tau < 1.1  # each slot right with p = 1/50
+    assert c.steps > 250
+
+
+def test_partial_acceptance_counts():
+    P = 2
+    seq = list(range(40))
+    props = oracle_proposals(seq, P)
+    props[0] = props[0][:3] + [999] * 12  # first anchor: 3 accepted, bonus = seq[6]
+    c, blocks = replay(seq, P, props, B)
+    assert blocks[0].accepted == 3 and blocks[1].anchor_pos == P + 4
+    # anchors 2 (3 accepted), 6 (15), 22 (15), 38 (1: only one reference token left)
+    assert [blk.anchor_pos for blk in blocks] == [2, 6, 22, 38]
+    assert [blk.accepted for blk in blocks] == [3, 15, 15, 1]
+    assert c.accepted_at_pos[:5] == [4, 3, 3, 2, 2]
+    assert c.committed == 4 + 16 + 16 + 1
+
+
+def test_metric_conventions():
+    c = Counters(block_size=4, steps=10, committed=25, accepted=15, drafted=30, accepted_at_pos=[8, 5, 2], tf_correct=[8, 4, 1], tf_total=[10, 10, 10])
+    assert acceptance_length(c) == 2.5
+    assert accept_rate(c) == [0.8, 0.5, 0.2]
+    assert accept_rate_cond(c) == pytest.approx([0.8, 5 / 8, 2 / 5])
+    assert expected_acceptance_length(accuracy(c)) == pytest.approx(1 + 0.8 + 0.8 * 0.4 + 0.8 * 0.4 * 0.1)
+
+
+def test_summarize_micro_macro_and_subsets():
+    a = Counters(block_size=4, steps=2, committed=8, prompts=1, new_tokens=9)
+    b = Counters(block_size=4, steps=6, committed=6, prompts=1, new_tokens=7)
+    m = summarize([("x", a), ("y", b)])
+    assert m["acceptance_length"] == pytest.approx(14 / 8)  # token-weighted
+    assert m["acceptance_length_macro"] == pytest.approx((4 + 1) / 2)
+    assert m["acceptance_length/x"] == 4 and m["acceptance_length/y"] == 1
+    assert m["mean_accepted"] == 0  # no accepted drafts were counted
+    assert {f"accept_rate/pos_{k:02d}" for k in (1, 2, 3)} <= m.keys()
