@@ -50,9 +50,21 @@ def list_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in run_dir.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name)))
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_path(p: str | Path) -> Path:
+    """A relative path is looked up in the working directory, then in the project root (so the
+    shipped `checkpoints/...` work from anywhere)."""
+    path = Path(p).expanduser()
+    if not path.is_absolute() and not path.exists() and (PROJECT_ROOT / path).exists():
+        return PROJECT_ROOT / path
+    return path
+
+
 def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
     """-> (file or folder of that step, step). step=None takes the latest."""
-    run = Path(run_dir).expanduser()
+    run = find_path(run_dir)
     if not run.is_dir():
         raise CheckpointError(f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders")
     steps = list_steps(run)
@@ -216,7 +228,7 @@ def load_drafter(
     elif kind == "hf":
         if not path:
             raise CheckpointError("drafter=hf needs drafter.path=/path/to/folder (config.json + model.safetensors)")
-        where = Path(path).expanduser()
+        where = find_path(path)
         if not where.is_dir():
             raise CheckpointError(f"drafter.path={where} is not a folder")
     else:

@@ -1,0 +1,115 @@
+"""evaluate.py end to end on the real SmolLM2 target, as a user runs it (subprocess, CPU).
+
+Each run gets its own MLflow store in a temp folder; the converted target and the reference
+cache are shared through DFLASH_CACHE_DIR so only the first run pays for them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash.checkpoint import save_training_checkpoint
+from dflash.drafter import DFlashDrafter, DrafterConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+FAST = ["prompts.num_prompts=2", "prompts.max_new_tokens=24"]
+
+
+def evaluate(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), *args, f"hydra.run.dir={tmp}/out", f"hydra.sweep.dir={tmp}/multi"]
+    return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+
+
+def runs(tmp: Path):
+    from mlflow.tracking import MlflowClient
+
+    if not (tmp / "mlflow.db").exists():
+        return []
+    c = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    exps = [e.experiment_id for e in c.search_experiments()]
+    return c.search_runs(exps) if exps else []
+
+
+def test_default_evaluation_logs_everything(tmp_path):
+    r = evaluate(tmp_path, *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "acceptance length τ" in r.stdout and "τ per subset" in r.stdout and "MLflow: run" in r.stdout
+    (run,) = runs(tmp_path)
+    assert run.info.status == "FINISHED"
+    m = run.data.metrics
+    for k in ["acceptance_length", "acceptance_length_macro", "expected_acceptance_length", "acceptance_length/train_like"]:
+        assert k in m
+    for kind in ["accept_rate", "accept_rate_cond", "accuracy"]:
+        assert all(f"{kind}/pos_{k:02d}" in m for k in range(1, 16))
+    assert sum(v for k, v in m.items() if k.startswith("commit_hist/")) == m["steps"] > 0
+    assert m["acceptance_length"] >= 1.0
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    curve = c.get_metric_history(run.info.run_id, "accept_rate")
+    assert sorted(x.step for x in curve) == list(range(1, 16))
+    t = run.data.tags
+    assert t["group.target"] == "smollm2_135m" and t["group.drafter"] and t["git_commit"] and t["version.torch"] and t["device"] == "cpu"
+    assert run.data.params["prompts.max_new_tokens"] == "24" and run.data.params["target.template.enable_thinking"] == "False"
+    arts = {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "samples.json", "per_prompt.json"} <= arts
+    samples = json.loads(Path(c.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text())
+    assert {"prompt", "reference", "proposal", "accepted"} <= set(samples["columns"])
+
+
+def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
+    r = evaluate(tmp_path, "-m", "drafter.seed=0,1", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    all_runs = runs(tmp_path)
+    parents = [x for x in all_runs if x.data.tags.get("dflash.role") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    kids = [x for x in all_runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(k.info.run_name for k in kids) == ["init@seed_0", "init@seed_1"]
+    assert all(k.info.status == "FINISHED" for k in kids)
+
+
+def _ckpt(run_dir: Path, step: int, hidden: int = 576) -> None:
+    cfg = DrafterConfig(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        intermediate_size=64, num_target_layers=30, target_layer_ids=[1, 7, 14, 20, 27], mask_token_id=16)
+    m = DFlashDrafter(cfg)
+    save_training_checkpoint(run_dir / f"step_{step}" / "checkpoint.pt", m, torch.optim.AdamW(m.parameters()), step)
+
+
+def _bad_inputs(tmp: Path):
+    (tmp / "run").mkdir()
+    for s in (10, 20):
+        (tmp / "run" / f"step_{s}").mkdir()
+        (tmp / "run" / f"step_{s}" / "checkpoint.pt").write_bytes(b"PK\x03\x04 this is not a checkpoint")
+    _ckpt(tmp / "other", 5, hidden=64)
+    (tmp / "empty.jsonl").write_text("\n")
+    (tmp / "bad.jsonl").write_text('{"prompt": "fine"}\n{"prompt": oops}\n')
+    return {
+        "missing step": (["drafter=training", f"drafter.run_dir={tmp}/run", "drafter.step=15"], "steps that exist: 10, 20"),
+        "corrupt checkpoint": (["drafter=training", f"drafter.run_dir={tmp}/run", "drafter.step=10"], "corrupt"),
+        "shapes do not fit": (["drafter=training", f"drafter.run_dir={tmp}/other"], "hidden size 64 != the target's 576"),
+        "mask id out of range": (["drafter.mask_token_id=99999"], "mask_token_id 99999 is not a row"),
+        "tap out of range": (["drafter.target_layer_ids=[1,14,40]"], "taps [40] are outside"),
+        "flex on cpu": (["attention=flex"], "needs a CUDA device"),
+        "empty prompt set": (["prompts=jsonl", f"prompts.path={tmp}/empty.jsonl"], "empty"),
+        "malformed jsonl": (["prompts=jsonl", f"prompts.path={tmp}/bad.jsonl"], "bad.jsonl line 2"),
+        "prompt beyond context": (["target.max_context=40"], "exceeds the target's context"),
+    }
+
+
+CASES = ["missing step", "corrupt checkpoint", "shapes do not fit", "mask id out of range", "tap out of range", "flex on cpu", "empty prompt set", "malformed jsonl", "prompt beyond context"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_fails_clearly(tmp_path, case):
+    args, message = _bad_inputs(tmp_path)[case]
+    r = evaluate(tmp_path, *args, *FAST)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert all(x.info.status == "FAILED" for x in runs(tmp_path))  # never left RUNNING
