@@ -204,6 +204,9 @@ def _load_vlm_text(folder: Path, dtype: torch.dtype, attn: str, device_map: Any)
     return model
 
 
+_LAST: tuple[tuple, Target] | None = None  # the last target loaded: sweep jobs in one process reuse it
+
+
 def load_target(
     kind: str,
     path: str,
@@ -217,6 +220,11 @@ def load_target(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    global _LAST
+    key = (kind, path, dtype, device, attn, str(cache_dir), max_context, repr(device_map))
+    if _LAST is not None and _LAST[0] == key:
+        return _LAST[1]
+    _LAST = None  # free the previous target before loading another
     hf_logging.disable_progress_bar()
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
@@ -239,7 +247,9 @@ def load_target(
     model.eval().requires_grad_(False)
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     max_context = min(max_context or limit or 1 << 30, limit or 1 << 30)
-    return Target(model=model, tokenizer=tok, identity=identity, source=source, max_context=max_context)
+    target = Target(model=model, tokenizer=tok, identity=identity, source=source, max_context=max_context)
+    _LAST = (key, target)
+    return target
 
 
 # --- forward and KV cache (the one place that knows transformers' cache API) ------------------
