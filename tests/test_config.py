@@ -1,0 +1,185 @@
+"""Every option of every config group composes with the real conf/ against the typed schema
+(dflash/config.py), resolves, and keeps its values; wrong types and typos fail at compose time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+CONF = (Path(__file__).resolve().parent.parent / "conf").resolve()
+GROUPS = ("target", "drafter", "prompts", "attention", "device", "references")
+# a value for every `???` a group option may leave to the command line
+FILL = {"path": "/x", "run_dir": "/x", "model": "m"}
+FILL_BY_GROUP = {"prompts": {"path": "/x.jsonl"}}
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(config_name: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _register():
+    from dflash.config import register
+
+    register()
+
+
+def _required_overrides(group: str, option: str) -> dict[str, str]:
+    raw = OmegaConf.load(CONF / group / f"{option}.yaml")
+    out = {}
+    for key in raw:
+        if OmegaConf.is_missing(raw, key):
+            fill = FILL_BY_GROUP.get(group, {}).get(key, FILL.get(key))
+            assert fill is not None, f"{group}/{option}.yaml leaves {key} as ??? and this test has no value for it"
+            out[f"{group}.{key}"] = fill
+    return out
+
+
+def _literal_leaves(node, prefix=""):
+    """(dotted key, value) of every leaf that is neither ??? nor an interpolation."""
+    for key in node:
+        if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+            continue
+        value = node[key]
+        if OmegaConf.is_dict(value):
+            yield from _literal_leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
+
+
+def test_every_group_has_options():
+    for group in GROUPS:
+        assert _options(group), f"conf/{group} has no yaml"
+    assert {"sdpa", "eager", "flex"} <= set(_options("attention"))
+    assert {"training", "hf", "init"} <= set(_options("drafter"))
+    assert {"builtin", "jsonl", "humaneval"} <= set(_options("prompts"))
+
+
+def test_default_config_composes_and_resolves():
+    cfg = _compose("config", [])
+    c = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert c["drafter"]["kind"] == "init" and c["prompts"]["source"] == "builtin"
+    assert c["attention"] == {"drafter": "sdpa", "target": "sdpa"}
+    assert c["device"]["name"] == "cpu"
+    assert isinstance(c["cache_dir"], str) and c["tracking"]["enabled"] is True
+    assert "hydra" not in c
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_group_option_composes(group, option):
+    from dflash.config import to_container
+
+    fill = _required_overrides(group, option)
+    cfg = _compose("config", [f"{group}={option}"] + [f"{k}={v}" for k, v in fill.items()])
+    c = to_container(cfg)  # resolve=True, throw_on_missing=True
+    assert OmegaConf.to_container(cfg, resolve=True) == c
+    raw = OmegaConf.load(CONF / group / f"{option}.yaml")
+    for key, value in _literal_leaves(raw):
+        got = c[group]
+        for part in key.split("."):
+            got = got[part]
+        assert got == value, f"{group}={option}: {key} is {got!r}, the yaml says {value!r}"
+    for key, value in fill.items():
+        assert c[group][key.split(".", 1)[1]] == value
+    # the schema's fields are all there, typed
+    assert set(c["prompts"]) >= {"source", "path", "num_prompts", "subsets", "max_new_tokens"}
+    assert isinstance(c["prompts"]["max_new_tokens"], int)
+    assert isinstance(c["target"]["template"]["enable_thinking"], bool)
+
+
+@pytest.mark.parametrize("group, option", [("drafter", "training"), ("drafter", "hf"), ("prompts", "jsonl"), ("target", "local"), ("references", "openai")])
+def test_required_values_are_never_silently_filled(group, option):
+    """A `???` left unset either fails on resolve (schema field MISSING: target.path) or stays null
+    (schema field Optional: the `???` is masked by the schema's None on merge, and the consumer
+    refuses the null with its own message, e.g. 'drafter=training needs drafter.run_dir=...')."""
+    from omegaconf.errors import MissingMandatoryValue
+
+    required = _required_overrides(group, option)
+    assert required, f"{group}/{option} should leave something to the command line"
+    cfg = _compose("config", [f"{group}={option}"])
+    for key in required:
+        sub = key.split(".", 1)[1]
+        if OmegaConf.is_missing(cfg[group], sub):
+            with pytest.raises(MissingMandatoryValue):
+                OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        else:
+            assert cfg[group][sub] is None, f"{key} got a default {cfg[group][sub]!r}"
+
+
+def test_target_path_is_mandatory():
+    from omegaconf.errors import MissingMandatoryValue
+
+    with pytest.raises(MissingMandatoryValue, match="target.path"):
+        OmegaConf.to_container(_compose("config", ["target=local"]), resolve=True, throw_on_missing=True)
+
+
+def test_env_interpolation_resolves(monkeypatch):
+    monkeypatch.setenv("QWEN3_8B_PATH", "/elsewhere/Qwen3-8B")
+    monkeypatch.setenv("DFLASH_CACHE_DIR", "/tmp/dflash-cache")
+    c = OmegaConf.to_container(_compose("config", ["target=qwen3_8b"]), resolve=True)
+    assert c["target"]["path"] == "/elsewhere/Qwen3-8B" and c["cache_dir"] == "/tmp/dflash-cache"
+    assert c["target"]["default_taps"] == [1, 9, 17, 25, 33] and c["target"]["mask_token_id"] == 151669
+
+
+def test_typed_overrides_are_converted():
+    c = OmegaConf.to_container(
+        _compose("config", ["prompts.max_new_tokens=64", "drafter.target_layer_ids=[1,2]", "target.template.enable_thinking=true"]),
+        resolve=True,
+    )
+    assert c["prompts"]["max_new_tokens"] == 64
+    assert c["drafter"]["target_layer_ids"] == [1, 2]
+    assert c["target"]["template"]["enable_thinking"] is True
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "prompts.max_new_tokens=abc",
+        "drafter.num_layers=two",
+        "target.template.enable_thinking=maybe",
+        "drafter.target_layer_ids=[a,b]",
+        "prompts.max_new_token=5",  # typo: not a field of the schema
+        "attention.drafter_backend=flex",
+    ],
+)
+def test_bad_override_fails_at_compose_time(override):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        _compose("config", [override])
+
+
+def test_unknown_group_option_fails():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException):
+        _compose("config", ["attention=flash"])
+
+
+# --- the trainer's config, where it exists ---------------------------------------------------
+
+TRAIN = CONF / "train.yaml"
+
+
+@pytest.mark.skipif(not TRAIN.is_file(), reason="conf/train.yaml not there")
+@pytest.mark.parametrize("target", _options("target"))
+def test_train_config_composes(target):
+    from dflash import train
+
+    train.register()
+    overrides = [f"target={target}"] + [f"{k}={v}" for k, v in _required_overrides("target", target).items()]
+    cfg = _compose("train", overrides)
+    c = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert c["target"]["name"] == OmegaConf.load(CONF / "target" / f"{target}.yaml").name
+    assert "hydra" not in c
+    with pytest.raises(Exception):
+        _compose("train", overrides + ["optim.steps=abc"])

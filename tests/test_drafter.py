@@ -1,0 +1,293 @@
+"""The DFlash drafter (DFLASH.md §1): tap defaults, the visibility rule through the real forward,
+attention backends agreeing, batched == per-anchor forwards (what the offline replay relies on),
+and the HF config format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
+from dflash.target import tapped_forward
+
+from conftest import MASK_ID
+
+B = 4  # block size of the tiny drafters
+
+
+# --- tap defaults ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layers, taps, expected",
+    [(64, 5, [1, 16, 31, 46, 61]), (36, 5, [1, 9, 17, 25, 33])],
+)
+def test_build_target_layer_ids_public_default(layers, taps, expected):
+    assert build_target_layer_ids(layers, taps) == expected
+
+
+@pytest.mark.parametrize("layers", [6, 28, 30, 36, 64])
+def test_build_target_layer_ids_single_tap_is_middle(layers):
+    assert build_target_layer_ids(layers, 1) == [layers // 2]
+
+
+@pytest.mark.parametrize("layers, taps", [(6, 3), (30, 5), (36, 5), (64, 5), (64, 3)])
+def test_build_target_layer_ids_never_taps_last_layer(layers, taps):
+    ids = build_target_layer_ids(layers, taps)
+    assert len(ids) == taps and ids == sorted(set(ids))
+    assert ids[0] == 1 and ids[-1] == layers - 3 and layers - 1 not in ids
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _inputs(drafter: DFlashDrafter, S: int, T: int, anchors: list[list[int]], seed: int = 0):
+    """Random context taps [S, T, n*H], random block embeddings [S, N, B, H], anchor_pos [S, N]."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = drafter.cfg
+    taps = torch.randn(S, T, cfg.num_taps * cfg.hidden_size, generator=g)
+    N = len(anchors[0])
+    emb = torch.randn(S, N, cfg.block_size, cfg.hidden_size, generator=g)
+    return taps, emb, torch.tensor(anchors)
+
+
+def _run(drafter, taps, emb, anchor_pos, **kw):
+    with torch.no_grad():
+        return drafter(taps, emb, anchor_pos, **kw)
+
+
+def _same(a, b):
+    return torch.allclose(a, b, atol=1e-6, rtol=0)
+
+
+def _differs(a, b):
+    return (a - b).abs().max().item() > 1e-4
+
+
+@pytest.fixture(scope="module")
+def sensitive(qwen3_target, make_drafter):
+    """Larger random weights so that every dependency shows clearly in the output."""
+    return make_drafter(qwen3_target, num_layers=2, num_taps=3, block_size=B, seed=3, std=0.2)
+
+
+# --- visibility through the real forward -----------------------------------------------------
+
+
+def test_context_from_anchor_on_is_invisible_before_is_visible(sensitive):
+    p = 6
+    taps, emb, anchor = _inputs(sensitive, 1, 12, [[p]])
+    ref = _run(sensitive, taps, emb, anchor)
+
+    later = taps.clone()
+    later[:, p:] = torch.randn_like(later[:, p:]) * 5  # the anchor's own position and everything after
+    assert _same(_run(sensitive, later, emb, anchor), ref)
+
+    earlier = taps.clone()
+    earlier[:, p - 1] += 1.0  # the last committed position before the anchor
+    out = _run(sensitive, earlier, emb, anchor)
+    assert _differs(out, ref)
+    assert all(_differs(out[0, 0, k], ref[0, 0, k]) for k in range(B))  # every slot sees the context
+
+    first = taps.clone()
+    first[:, 0] += 1.0
+    assert _differs(_run(sensitive, first, emb, anchor), ref)
+
+
+def test_each_block_sees_only_context_before_its_own_anchor(sensitive):
+    taps, emb, anchor = _inputs(sensitive, 1, 16, [[3, 9]])
+    ref = _run(sensitive, taps, emb, anchor)
+    mid = taps.clone()
+    mid[:, 3:9] += 1.0  # after block 0's anchor, before block 1's
+    out = _run(sensitive, mid, emb, anchor)
+    assert _same(out[:, 0], ref[:, 0])
+    assert _differs(out[:, 1], ref[:, 1])
+
+
+def test_blocks_do_not_see_each_other(sensitive):
+    taps, emb, anchor = _inputs(sensitive, 2, 16, [[3, 9, 12], [5, 6, 14]])
+    ref = _run(sensitive, taps, emb, anchor)
+    other = emb.clone()
+    other[:, 1] = torch.randn_like(other[:, 1])  # replace block 1's tokens entirely
+    out = _run(sensitive, taps, other, anchor)
+    assert _same(out[:, 0], ref[:, 0]) and _same(out[:, 2], ref[:, 2])
+    assert _differs(out[:, 1], ref[:, 1])
+
+
+def test_slots_inside_a_block_attend_bidirectionally(sensitive):
+    taps, emb, anchor = _inputs(sensitive, 1, 10, [[4, 7]])
+    ref = _run(sensitive, taps, emb, anchor)
+    last = emb.clone()
+    last[0, 0, B - 1] += 1.0  # the last slot of block 0
+    out = _run(sensitive, taps, last, anchor)
+    for k in range(B - 1):  # earlier slots see a later one: not causal
+        assert _differs(out[0, 0, k], ref[0, 0, k]), f"slot {k} does not see slot {B - 1}"
+    first = emb.clone()
+    first[0, 0, 0] += 1.0  # the anchor slot
+    out = _run(sensitive, taps, first, anchor)
+    for k in range(1, B):
+        assert _differs(out[0, 0, k], ref[0, 0, k]), f"slot {k} does not see the anchor slot"
+    assert _same(out[0, 1], ref[0, 1])
+
+
+def test_see_anchor_makes_the_anchor_position_visible(sensitive):
+    p = 5
+    taps, emb, anchor = _inputs(sensitive, 1, 12, [[p]])
+    at = taps.clone()
+    at[:, p] += 1.0
+    assert _same(_run(sensitive, at, emb, anchor), _run(sensitive, taps, emb, anchor))
+    leak_ref = _run(sensitive, taps, emb, anchor, see_anchor=True)
+    assert _differs(_run(sensitive, at, emb, anchor, see_anchor=True), leak_ref)
+    after = taps.clone()
+    after[:, p + 1 :] += 1.0  # still invisible with the leak
+    assert _same(_run(sensitive, after, emb, anchor, see_anchor=True), leak_ref)
+
+
+# --- backends --------------------------------------------------------------------------------
+
+
+def _real_inputs(target, drafter, anchors: list[list[int]], T: int = 20, seed: int = 0):
+    """Taps from the target on random ids; blocks [ids[p], mask, ...] embedded by the target."""
+    g = torch.Generator().manual_seed(seed)
+    S = len(anchors)
+    ids = torch.randint(3, 240, (S, T), generator=g)
+    taps = tapped_forward(target, ids, drafter.cfg.target_layer_ids)
+    anchor_pos = torch.tensor(anchors)
+    block = torch.full((S, anchor_pos.shape[1], B), MASK_ID)
+    block[..., 0] = torch.gather(ids, 1, anchor_pos)
+    with torch.no_grad():
+        emb = target.embed(block)
+    return taps, emb, anchor_pos
+
+
+def test_sdpa_and_eager_agree(qwen3_target, make_drafter):
+    drafter = make_drafter(qwen3_target, num_layers=2, block_size=B, seed=1)
+    taps, emb, anchor = _real_inputs(qwen3_target, drafter, [[2, 7, 15], [4, 9, 11]])
+    hs = _run(drafter, taps, emb, anchor, backend="sdpa")
+    he = _run(drafter, taps, emb, anchor, backend="eager")
+    assert hs.shape == (2, 3, B, qwen3_target.hidden_size)
+    assert torch.isfinite(hs).all()
+    torch.testing.assert_close(hs, he, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        ls, le = qwen3_target.lm_head(hs), qwen3_target.lm_head(he)
+    assert ls.shape[-1] == qwen3_target.vocab_size
+    assert torch.equal(ls.argmax(-1), le.argmax(-1))
+
+
+def test_unknown_backend_is_refused(qwen3_target, make_drafter):
+    drafter = make_drafter(qwen3_target, block_size=B)
+    taps, emb, anchor = _real_inputs(qwen3_target, drafter, [[3]])
+    with pytest.raises(ValueError, match="attention backend"):
+        _run(drafter, taps, emb, anchor, backend="flash")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex_attention needs CUDA")
+def test_flex_agrees_with_sdpa(qwen3_target, make_drafter):
+    drafter = make_drafter(qwen3_target, num_layers=2, block_size=B, seed=1)
+    taps, emb, anchor = _real_inputs(qwen3_target, drafter, [[2, 7, 15], [4, 9, 11]])
+    hs = _run(drafter, taps, emb, anchor, backend="sdpa")
+    d = drafter.to("cuda")
+    try:
+        hf = _run(d, taps.cuda(), emb.cuda(), anchor.cuda(), backend="flex").cpu()
+    finally:
+        drafter.to("cpu")
+    torch.testing.assert_close(hf, hs, atol=1e-4, rtol=1e-3)
+    with torch.no_grad():
+        assert torch.equal(qwen3_target.lm_head(hf).argmax(-1), qwen3_target.lm_head(hs).argmax(-1))
+
+
+# --- batched == per-anchor (the offline replay's premise) -------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_batched_anchors_equal_single_anchor_forwards(qwen3_target, make_drafter, backend):
+    drafter = make_drafter(qwen3_target, num_layers=2, block_size=B, seed=2, std=0.1)
+    anchors = [[1, 5, 6, 13, 19], [2, 3, 10, 11, 17]]
+    taps, emb, anchor = _real_inputs(qwen3_target, drafter, anchors, T=20)
+    batched = _run(drafter, taps, emb, anchor, backend=backend)
+    for s, row in enumerate(anchors):
+        for n, p in enumerate(row):
+            single = _run(drafter, taps[s : s + 1, :p], emb[s : s + 1, n : n + 1], torch.tensor([[p]]), backend=backend)
+            torch.testing.assert_close(batched[s, n], single[0, 0], atol=1e-5, rtol=1e-4)
+
+
+# --- config format ---------------------------------------------------------------------------
+
+
+def _cfg(**kw) -> DrafterConfig:
+    base = dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, num_target_layers=6, target_layer_ids=[1, 2, 3], mask_token_id=MASK_ID, block_size=B,
+    )
+    return DrafterConfig(**{**base, **kw})
+
+
+def test_to_hf_from_hf_round_trip():
+    cfg = _cfg(rms_norm_eps=1e-5, rope_theta=10000.0, extra={"torch_dtype": "bfloat16", "vocab_size": 256})
+    d = json.loads(json.dumps(cfg.to_hf()))  # through JSON, as config.json
+    assert d["architectures"] == ["DFlashDraftModel"] and d["model_type"] == "qwen3"
+    assert d["dflash_config"] == {"mask_token_id": MASK_ID, "target_layer_ids": [1, 2, 3]}
+    assert d["layer_types"] == ["full_attention"] * 2
+    assert d["block_size"] == B and d["num_target_layers"] == 6
+    assert "mask_token_id" not in d and "target_layer_ids" not in d  # only under dflash_config
+    back = DrafterConfig.from_hf(d)
+    assert back == cfg
+
+
+def test_from_hf_reads_a_public_style_config():
+    public = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "block_size": 16,
+        "num_target_layers": 36,
+        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+        "layer_types": ["full_attention"],
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151936,
+    }
+    cfg = DrafterConfig.from_hf(public, overrides={"mask_token_id": 5, "block_size": 8, "target_layer_ids": [0]})
+    assert cfg.mask_token_id == 151669  # overrides only fill what the checkpoint lacks
+    assert cfg.target_layer_ids == [1, 9, 17, 25, 33] and cfg.num_taps == 5
+    assert cfg.block_size == 16 and cfg.num_target_layers == 36
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim) == (4096, 1, 128)
+    assert cfg.extra == {"torch_dtype": "bfloat16", "vocab_size": 151936}
+    # written back, it is still the public format
+    again = cfg.to_hf()
+    assert again["dflash_config"] == public["dflash_config"] and again["architectures"] == ["DFlashDraftModel"]
+
+
+def test_from_hf_derives_head_dim():
+    d = _cfg().to_hf()
+    del d["head_dim"]
+    assert DrafterConfig.from_hf(d).head_dim == 64 // 4
+
+
+@pytest.mark.parametrize("missing", ["mask_token_id", "target_layer_ids"])
+def test_from_hf_missing_dflash_fields(missing):
+    d = _cfg().to_hf()
+    del d["dflash_config"][missing]
+    with pytest.raises(ValueError, match=missing) as e:
+        DrafterConfig.from_hf(d)
+    assert "override" in str(e.value)  # tells how to fix it
+    with pytest.raises(ValueError, match=missing):
+        DrafterConfig.from_hf(d, overrides={missing: None})  # a null override fills nothing
+    value = 7 if missing == "mask_token_id" else [0, 4]
+    assert getattr(DrafterConfig.from_hf(d, overrides={missing: value}), missing) == value
+
+
+def test_from_hf_without_dflash_config_needs_both_overrides():
+    d = _cfg().to_hf()
+    del d["dflash_config"]
+    with pytest.raises(ValueError, match="mask_token_id"):
+        DrafterConfig.from_hf(d, overrides={"target_layer_ids": [1]})
+    cfg = DrafterConfig.from_hf(d, overrides={"target_layer_ids": ["1", 3], "mask_token_id": 9})
+    assert cfg.target_layer_ids == [1, 3] and cfg.mask_token_id == 9
