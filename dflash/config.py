@@ -26,6 +26,7 @@ class TargetConfig:
     name: str = MISSING
     kind: str = MISSING  # gguf | hf | vlm_text
     path: str = MISSING  # file, folder, or pkg:<package> for a GGUF shipped by a package
+    dtype: Optional[str] = None  # weights dtype; null: the device group's dtype
     max_context: Optional[int] = None  # tokens; defaults to the model's max_position_embeddings
     default_taps: Optional[list[int]] = None  # taps for drafter=init (else the public default)
     mask_token_id: Optional[int] = None  # mask id for drafter=init

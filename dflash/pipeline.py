@@ -48,13 +48,13 @@ def timed(timings: dict[str, float], stage: str) -> Iterator[None]:
     timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t
 
 
-def resolve_device(dev: dict[str, Any], attention: dict[str, Any]) -> tuple[str, str]:
+def resolve_device(dev: dict[str, Any], attention: dict[str, Any], target_dtype: str | None = None) -> tuple[str, str]:
     name = dev["name"]
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu (or device=auto)")
-    dtype = dev["dtype"]
+    dtype = target_dtype or dev["dtype"]
     if dtype == "auto":
         dtype = "bfloat16" if name.startswith("cuda") else "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -78,7 +78,7 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
 
 
 def load_models(cfg: dict[str, Any], timings: dict[str, float]) -> tuple[Target, LoadedDrafter]:
-    device, dtype = resolve_device(cfg["device"], cfg["attention"])
+    device, dtype = resolve_device(cfg["device"], cfg["attention"], cfg["target"].get("dtype"))
     t, d = cfg["target"], cfg["drafter"]
     with timed(timings, "load_target"):
         target = load_target(
