@@ -161,11 +161,24 @@ def _load_gguf(path: str, cache_dir: Path, dtype: torch.dtype, attn: str):
 
 
 def _folder_identity(folder: Path) -> str:
-    """Hash of config.json plus the names and sizes of the weight files (cheap, changes with them)."""
+    """Hash of config.json plus the names, sizes and mtimes of the weight files (cheap, changes with
+    them: new weights of the same shapes have the same sizes, so the size alone does not)."""
     h = hashlib.sha256((folder / "config.json").read_bytes())
     for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return "hf-" + h.hexdigest()
+
+
+def _source_stamp(kind: str, path: str) -> str:
+    """What the source holds now, cheaply: part of the reuse key, so a rewritten source is reloaded."""
+    p = Path(path).expanduser()
+    if kind in ("hf", "vlm_text") and (p / "config.json").is_file():
+        return _folder_identity(p)
+    if p.is_file():
+        st = p.stat()
+        return f"{st.st_size}:{st.st_mtime_ns}"
+    return ""
 
 
 def _load_vlm_text(folder: Path, dtype: torch.dtype, attn: str, device_map: Any):
@@ -221,7 +234,7 @@ def load_target(
     from transformers.utils import logging as hf_logging
 
     global _LAST
-    key = (kind, path, dtype, device, attn, str(cache_dir), max_context, repr(device_map))
+    key = (kind, path, dtype, device, attn, str(cache_dir), max_context, repr(device_map), _source_stamp(kind, path))
     if _LAST is not None and _LAST[0] == key:
         return _LAST[1]
     _LAST = None  # free the previous target before loading another
