@@ -85,7 +85,35 @@ def test_identity_changes_with_the_config(qwen3_dir, tmp_path):
     cfg = json.loads((other / "config.json").read_text())
     cfg["rms_norm_eps"] = 1e-5
     (other / "config.json").write_text(json.dumps(cfg))
-    assert load_target("hf", str(other)).identity != a
+    b = load_target("hf", str(other))
+    assert b.identity != a  # a rewritten source is reloaded, not served from the reuse cache
+    assert b.model.config.rms_norm_eps == 1e-5
+
+
+def test_new_weights_of_the_same_shapes_are_a_new_target(qwen3_dir, tmp_path):
+    """Retrained weights at the same path: same file sizes, other values. The reference cache is
+    keyed on the identity, so the identity must change, and a reload must read the new weights."""
+    import os
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "copy"
+    shutil.copytree(qwen3_dir, other)
+    first = load_target("hf", str(other))
+    st = other / "model.safetensors"
+    sd = load_file(str(st))
+    with safe_open(str(st), framework="pt") as f:
+        meta = f.metadata()
+    size, mtime = st.stat().st_size, st.stat().st_mtime_ns
+    save_file({k: v + 1 if k == "model.norm.weight" else v for k, v in sd.items()}, str(st), metadata=meta)
+    os.utime(st, ns=(mtime + 1_000_000, mtime + 1_000_000))  # a later write, even on a coarse clock
+    assert st.stat().st_size == size
+    second = load_target("hf", str(other))
+    assert second.identity != first.identity
+    assert second.model is not first.model
+    torch.testing.assert_close(second.model.model.norm.weight, first.model.model.norm.weight + 1)
+    assert load_target("hf", str(other)) is second  # unchanged: reused
 
 
 def test_tap_helper_indexes_plus_one():
