@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dflash.config import DeviceConfig, TargetConfig, TrackingConfig
 from dflash.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
 
 VARIANT_NAMES = ("fixed", "noisy_labels", "final_layer", "loss_dilution")
@@ -128,16 +129,15 @@ class TrainConfig:
     stop_after: Optional[int] = None  # stop (and checkpoint) after this step; the schedule keeps optim.steps
 
 
+@dataclass
+class TrainSchema(TrainConfig):
+    target: TargetConfig = field(default_factory=TargetConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
 def register() -> None:
     from hydra.core.config_store import ConfigStore
-
-    from dflash.config import DeviceConfig, TargetConfig, TrackingConfig
-
-    @dataclass
-    class TrainSchema(TrainConfig):
-        target: TargetConfig = field(default_factory=TargetConfig)
-        device: DeviceConfig = field(default_factory=DeviceConfig)
-        tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     ConfigStore.instance().store(name="train_schema", node=TrainSchema)
 
@@ -536,7 +536,12 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
     runs: list[RunState] = []
     for v in variants:
         dcfg = make_drafter_config(cfg, target, variant_layer_ids(base_ids, target.num_layers, v.bugs))
-        model = DFlashDrafter(dcfg).init_weights(int(cfg.seed)).to(device)
+        model = DFlashDrafter(dcfg).init_weights(int(cfg.seed))
+        tnorm = getattr(getattr(target.model, "model", None), "norm", None)
+        if tnorm is not None and tuple(tnorm.weight.shape) == tuple(model.norm.weight.shape):
+            with torch.no_grad():  # start the output norm at the target's final norm: its lm_head's scale
+                model.norm.weight.copy_(tnorm.weight.float().cpu())
+        model = model.to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=float(o.lr), betas=(float(o.beta1), float(o.beta2)), weight_decay=float(o.weight_decay), fused=device.type == "cuda")
         rs = RunState(v, model, opt, Path(cfg.out_dir) / v.name)
         rs.run_dir.mkdir(parents=True, exist_ok=True)
