@@ -102,7 +102,7 @@ class EvalConfig:
     cache_dir: str = ".cache"
     seed: int = 0
     num_samples: int = 3  # sample generations printed and logged in full
-    anchors_per_chunk: int = 32
+    anchors_per_chunk: Optional[int] = None  # anchors per drafter pass; null: 32 on CPU, 256 on CUDA
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
 
 

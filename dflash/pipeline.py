@@ -132,6 +132,7 @@ def run(cfg: dict[str, Any]) -> EvalResult:
             url=rc.get("url"), model=rc.get("model"), use_cache=bool(rc.get("use_cache", True)),
         )
     backend, layer_ids = cfg["attention"]["drafter"], drafter.model.cfg.target_layer_ids
+    chunk = int(cfg.get("anchors_per_chunk") or (256 if target.device.type == "cuda" else 32))
     per_prompt: list[tuple[str, Counters]] = []
     leak: list[tuple[str, Counters]] = []
     rows, samples = [], []
@@ -140,12 +141,12 @@ def run(cfg: dict[str, Any]) -> EvalResult:
             taps = tapped_forward(target, torch.tensor([x + r], device=target.device), layer_ids)[0]  # [T, n*H]
         with timed(timings, "replay"):
             t0 = time.perf_counter()
-            c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, int(cfg["anchors_per_chunk"]))
+            c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk)
             c.wall_s = time.perf_counter() - t0
         per_prompt.append((p.subset, c))
         if cfg.get("leak_probe"):
             with timed(timings, "leak_probe"):
-                leak.append((p.subset, evaluate_sequence(drafter.model, target, x, r, taps, backend, int(cfg["anchors_per_chunk"]), see_anchor=True)[0]))
+                leak.append((p.subset, evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]))
         rows.append({"id": p.id, "subset": p.subset, "prompt_tokens": len(x), "new_tokens": c.new_tokens, "steps": c.steps, "acceptance_length": acceptance_length(c)})
         if i < int(cfg.get("num_samples", 3)):
             samples.append(sample_record(target, p, x, r, blocks))
