@@ -43,6 +43,8 @@ def main(cfg: DictConfig) -> float:
         print(f"dflash-eval: config error: {e}", file=sys.stderr)
         sys.exit(2)
     ctx = config_mod.hydra_context()
+    if c["device"].get("gpu_per_job") and ctx["job_num"] is not None:
+        c["device"]["name"] = pipeline.job_device(c["device"]["name"], ctx["job_num"])
     tc = c["tracking"]
     if tc["enabled"]:
         run = tracking.Run(

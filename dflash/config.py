@@ -71,6 +71,7 @@ class DeviceConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (bf16 on cuda, fp32 on cpu)
     threads: Optional[int] = None  # CPU threads (torch.set_num_threads)
     device_map: Optional[Any] = None  # e.g. "auto": shard the target over the visible GPUs
+    gpu_per_job: bool = False  # in a -m sweep, job i runs on GPU i % (visible GPUs)
 
 
 @dataclass

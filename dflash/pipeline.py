@@ -68,6 +68,12 @@ def resolve_device(dev: dict[str, Any], attention: dict[str, Any], target_dtype:
     return name, dtype
 
 
+def job_device(name: str, job_num: int) -> str:
+    """The GPU of sweep job `job_num`: one job per GPU, round robin (CPU stays CPU)."""
+    n = torch.cuda.device_count() if name.startswith("cuda") or name == "auto" else 0
+    return f"cuda:{job_num % n}" if n else name
+
+
 def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: int, max_context: int) -> None:
     for p, x in zip(prompts, ids):
         if len(x) + max_new_tokens > max_context:
@@ -97,7 +103,7 @@ def load_models(cfg: dict[str, Any], timings: dict[str, float]) -> tuple[Target,
             target, d["kind"], name, run_dir=d.get("run_dir"), step=d.get("step"), path=d.get("path"), overrides=overrides,
             init={"num_layers": d.get("num_layers", 1), "num_taps": d.get("num_taps", 5), "seed": d.get("seed", 0), "mask_token_id": overrides["mask_token_id"]},
         )
-        drafter.model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        drafter.model.to(device=target.head_device, dtype=target.dtype).eval().requires_grad_(False)  # beside the last layers
     return target, drafter
 
 

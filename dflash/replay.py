@@ -48,17 +48,18 @@ def draft_every_anchor(
     T = seq.shape[0]
     anchors = torch.arange(first_anchor, T - 1, device=seq.device)
     mask_id = drafter.cfg.mask_token_id
+    dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype  # with the target's last layers
     out = []
     for a in anchors.split(anchors_per_chunk):
         N = a.shape[0]
         block = torch.full((N, B), mask_id, dtype=torch.long, device=seq.device)
         block[:, 0] = seq[a]
         ctx_len = int(a.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
-        emb = target.embed(block)[None].to(drafter.fc.weight.dtype)  # [1, N, B, H]
-        h = drafter(taps[None, :ctx_len].to(emb.dtype), emb, a[None], backend=backend, see_anchor=see_anchor)
+        emb = target.embed(block)[None].to(dev, dt)  # [1, N, B, H]
+        h = drafter(taps[None, :ctx_len].to(dev, dt), emb, a[None].to(dev), backend=backend, see_anchor=see_anchor)
         h = h[0, :, 1:].reshape(N * (B - 1), -1).to(target.dtype)  # 2-D: a 3-D strided input takes a slow bmm path
         out.append(target.lm_head(h).argmax(-1).view(N, B - 1))  # logits [N*(B-1), V]
-    return torch.cat(out) if out else torch.empty((0, B - 1), dtype=torch.long, device=seq.device)
+    return torch.cat(out) if out else torch.empty((0, B - 1), dtype=torch.long, device=dev)
 
 
 def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int) -> tuple[Counters, list[Block]]:

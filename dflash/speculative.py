@@ -35,6 +35,7 @@ def speculative_generate(target: Target, drafter: DFlashDrafter, prompt: list[in
     cfg = drafter.cfg
     B, eos = cfg.block_size, set(target.eos_ids)
     dev = target.device
+    ddev, ddt = drafter.fc.weight.device, drafter.fc.weight.dtype
     cache = new_cache(target)
     out = forward(target, torch.tensor([prompt], device=dev), cache, hidden_states=True)
     feats = tap(out.hidden_states, cfg.target_layer_ids)[0]  # [P, n*H] committed positions
@@ -45,8 +46,8 @@ def speculative_generate(target: Target, drafter: DFlashDrafter, prompt: list[in
     while len(gen) < max_new_tokens and gen[-1] not in eos:
         pos = len(seq) - 1  # anchor position; cache and feats cover positions < pos
         block = torch.tensor([[seq[pos]] + [cfg.mask_token_id] * (B - 1)], device=dev)
-        emb = target.embed(block)[None].to(drafter.fc.weight.dtype)  # [1, 1, B, H]
-        h = drafter(feats[None].to(emb.dtype), emb, torch.tensor([[pos]], device=dev), backend=backend)
+        emb = target.embed(block)[None].to(ddev, ddt)  # [1, 1, B, H]
+        h = drafter(feats[None].to(ddev, ddt), emb, torch.tensor([[pos]], device=ddev), backend=backend)
         draft = target.lm_head(h[0, 0, 1:].to(target.dtype)).argmax(-1).tolist()  # [B-1]
         out = forward(target, torch.tensor([[seq[pos]] + draft], device=dev), cache, hidden_states=True)
         choice = out.logits[0].argmax(-1).tolist()  # [B] the target's token after each slot

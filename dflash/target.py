@@ -66,6 +66,11 @@ class Target:
         return self.model.get_input_embeddings().weight.device
 
     @property
+    def head_device(self) -> torch.device:
+        """Where the last layers and lm_head sit (differs from `device` when sharded): the drafter's place."""
+        return self.model.get_output_embeddings().weight.device
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
 
@@ -132,7 +137,7 @@ def _atomic_save_dir(dest: Path, write) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_gguf(path: str, cache_dir: Path, dtype: torch.dtype, attn: str):
+def _load_gguf(path: str, cache_dir: Path, dtype: torch.dtype, attn: str, device_map: Any = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = resolve_gguf(path)
@@ -155,7 +160,7 @@ def _load_gguf(path: str, cache_dir: Path, dtype: torch.dtype, attn: str):
             tok.save_pretrained(tmp)
 
         _atomic_save_dir(converted, convert)
-    model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=dtype, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=dtype, attn_implementation=attn, device_map=device_map)
     tok = AutoTokenizer.from_pretrained(str(converted))
     return model, tok, identity, str(gguf)
 
@@ -214,6 +219,12 @@ def _load_vlm_text(folder: Path, dtype: torch.dtype, attn: str, device_map: Any)
             for bname, b in fresh.named_buffers():
                 mod.register_buffer(bname, b, persistent=False)
     model.tie_weights() if getattr(text_cfg, "tie_word_embeddings", False) else None
+    if device_map is not None:  # shard over the visible GPUs, whole decoder layers per device
+        from accelerate import dispatch_model, infer_auto_device_map
+
+        if device_map == "auto":
+            device_map = infer_auto_device_map(model, no_split_module_classes=model._no_split_modules, dtype=dtype)
+        model = dispatch_model(model, device_map=device_map)
     return model
 
 
@@ -242,7 +253,7 @@ def load_target(
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
     if kind == "gguf":
-        model, tok, identity, source = _load_gguf(path, cache, tdtype, attn)
+        model, tok, identity, source = _load_gguf(path, cache, tdtype, attn, device_map)
     elif kind in ("hf", "vlm_text"):
         folder = Path(path).expanduser()
         if not (folder / "config.json").is_file():
@@ -300,8 +311,10 @@ def crop_cache(cache, new_len: int) -> None:
 
 
 def tap(hidden_states: tuple[Tensor, ...], layer_ids: list[int]) -> Tensor:
-    """Concatenate the outputs of decoder layers `layer_ids`: hidden_states[L + 1]. -> [S, T, n*H]"""
-    return torch.cat([hidden_states[L + 1] for L in layer_ids], dim=-1)
+    """Concatenate the outputs of decoder layers `layer_ids`: hidden_states[L + 1]. -> [S, T, n*H]
+    (on the device of the last layer, when the target is sharded)."""
+    dev = hidden_states[-1].device
+    return torch.cat([hidden_states[L + 1].to(dev) for L in layer_ids], dim=-1)
 
 
 @torch.no_grad()

@@ -103,8 +103,9 @@ class Run:
 
     def __init__(self, uri: str, experiment: str, run_name: str, artifact_location: str | None = None, sweep_dir: str | None = None, tags: dict[str, str] | None = None):
         self.uri = uri
-        self.client = _client(uri)
         with store_lock(uri):  # first use creates the SQLite schema; the experiment and parent once
+            self.client = _client(uri)
+            self.client.search_experiments(max_results=1)  # creates/migrates the store, under the lock
             self.experiment_id = ensure_experiment(self.client, experiment, artifact_location)
             parent = _sweep_parent(self.client, self.experiment_id, sweep_dir) if sweep_dir else None
         all_tags = {**(tags or {}), "git_commit": git_commit(), **library_versions()}
