@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 FAST = ["prompts.num_prompts=2", "prompts.max_new_tokens=24"]
 
 
-def evaluate(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
+def evaluate(tmp: Path, *args: str, store: Path | None = None) -> subprocess.CompletedProcess:
+    store = store or tmp
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "evaluate.py"), *args, f"hydra.run.dir={tmp}/out", f"hydra.sweep.dir={tmp}/multi"]
     return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
 
@@ -106,10 +107,19 @@ def _bad_inputs(tmp: Path):
 CASES = ["missing step", "corrupt checkpoint", "shapes do not fit", "mask id out of range", "tap out of range", "flex on cpu", "empty prompt set", "malformed jsonl", "prompt beyond context"]
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """One MLflow store for the bad-input cases (creating a SQLite store costs seconds)."""
+    return tmp_path_factory.mktemp("store")
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_fails_clearly(tmp_path, case):
+def test_bad_input_fails_clearly(tmp_path, store, case):
     args, message = _bad_inputs(tmp_path)[case]
-    r = evaluate(tmp_path, *args, *FAST)
+    before = len(runs(store))
+    r = evaluate(tmp_path, *args, *FAST, store=store)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert all(x.info.status == "FAILED" for x in runs(tmp_path))  # never left RUNNING
+    after = runs(store)
+    assert len(after) <= before + 1
+    assert all(x.info.status == "FAILED" for x in after)  # never left RUNNING
