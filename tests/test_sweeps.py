@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def sweep(tmp: Path, target_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), "-m", "target=local", f"target.path={target_dir}", "target.mask_token_id=3",
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), "-m", "target=local", "drafter=init", f"target.path={target_dir}", "target.mask_token_id=3",
            "target.template.use_chat_template=false", "prompts.num_prompts=2", "prompts.max_new_tokens=12", "drafter.seed=0,1,2",
            f"hydra.sweep.dir={tmp}/multi", *args]
     return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
