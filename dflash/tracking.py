@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import platform
 import subprocess
@@ -101,18 +102,22 @@ def library_versions() -> dict[str, str]:
 class Run:
     """One evaluation run. Use as `with Run(...) as run:`; log through its methods."""
 
-    def __init__(self, uri: str, experiment: str, run_name: str, artifact_location: str | None = None, sweep_dir: str | None = None, tags: dict[str, str] | None = None):
+    def __init__(self, uri: str, experiment: str, run_name: str, artifact_location: str | None = None, sweep_dir: str | None = None, tags: dict[str, str] | None = None, resume_id: str | None = None):
         self.uri = uri
         with store_lock(uri):  # first use creates the SQLite schema; the experiment and parent once
             self.client = _client(uri)
             self.client.search_experiments(max_results=1)  # creates/migrates the store, under the lock
             self.experiment_id = ensure_experiment(self.client, experiment, artifact_location)
             parent = _sweep_parent(self.client, self.experiment_id, sweep_dir) if sweep_dir else None
+        self.parent_id = parent
+        if resume_id:  # a resumed training run keeps logging to its run
+            self.client.update_run(resume_id, status="RUNNING")
+            self.run_id = resume_id
+            return
         all_tags = {**(tags or {}), "git_commit": git_commit(), **library_versions()}
         if parent:
             all_tags.update({PARENT_TAG: parent, SWEEP_TAG: sweep_dir or ""})
         self.run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
-        self.parent_id = parent
 
     def __enter__(self) -> "Run":
         return self
@@ -128,6 +133,9 @@ class Run:
                 self.client.set_terminated(self.run_id, status)
         return False
 
+    def end(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status)
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
             if v is not None:
@@ -140,12 +148,12 @@ class Run:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
-    def log_metrics(self, metrics: dict[str, float], curves: dict[str, list[float]] | None = None) -> None:
-        """Scalars at step 0; each curve as one metric with step = position (1-based)."""
+    def log_metrics(self, metrics: dict[str, float], curves: dict[str, list[float]] | None = None, step: int = 0) -> None:
+        """Scalars at `step` (non-finite values skipped); each curve as one metric with step = position (1-based)."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, 0) for k, v in metrics.items()]
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if math.isfinite(float(v))]
         for name, values in (curves or {}).items():
             items += [Metric(name, float(v), ts, k) for k, v in enumerate(values, start=1)]
         for i in range(0, len(items), 1000):

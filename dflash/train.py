@@ -49,6 +49,7 @@ from torch import Tensor
 
 from dflash.config import DeviceConfig, TargetConfig, TrackingConfig
 from dflash.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
+from dflash.tracking import flatten
 
 VARIANT_NAMES = ("fixed", "noisy_labels", "final_layer", "loss_dilution")
 
@@ -299,7 +300,6 @@ class RunState:
     opt: torch.optim.Optimizer
     run_dir: Path
     step: int = 0
-    mlflow_run: Any = None
     metrics_file: Any = None
     tokens: int = 0
     time: float = 0.0
@@ -438,16 +438,6 @@ def try_resume(rs: RunState, device: torch.device) -> None:
     rs.tokens, rs.time = int(meta.get("tokens", 0)), float(meta.get("time", 0.0))
 
 
-def _flat_params(d: Any, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flat_params(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = d if not isinstance(d, list) else json.dumps(d)
-    return out
-
-
 class Tracker:
     """MLflow for one variant (optional), always mirrored to <run_dir>/metrics.jsonl."""
 
@@ -457,42 +447,26 @@ class Tracker:
         self.run = None
         t = cfg.tracking
         if t is not None and t.enabled:
-            import mlflow
+            from dflash import tracking
 
-            client = mlflow.MlflowClient(tracking_uri=t.uri)
-            exp_name = t.experiment or f"dflash-train/{target_name}"
-            exp = client.get_experiment_by_name(exp_name)
-            exp_id = exp.experiment_id if exp else client.create_experiment(exp_name, artifact_location=getattr(t, "artifact_location", None))
             rid_file = rs.run_dir / "mlflow_run_id"
-            run_id = rid_file.read_text().strip() if rid_file.is_file() else None
-            if run_id:  # resumed: keep logging to the same run
-                self.run = client.get_run(run_id)
-                client.update_run(run_id, status="RUNNING")
-            else:
-                tags = {"mlflow.runName": rs.variant.name, "dflash.kind": "train", "dflash.variant": rs.variant.name,
-                        **{f"dflash.bug.{k}": str(v) for k, v in vars(rs.variant.bugs).items()}}
-                self.run = client.create_run(exp_id, run_name=rs.variant.name, tags=tags)
-                rid_file.write_text(self.run.info.run_id)
-                from mlflow.entities import Param
-
-                ps = [Param(k, str(v)[:500]) for k, v in params.items()]
-                for i in range(0, len(ps), 90):
-                    client.log_batch(self.run.info.run_id, params=ps[i : i + 90])
-            self.client = client
+            run_id = rid_file.read_text().strip() if rid_file.is_file() else None  # resumed: keep logging to it
+            tags = {"dflash.kind": "train", "dflash.variant": rs.variant.name, **{f"dflash.bug.{k}": str(v) for k, v in vars(rs.variant.bugs).items()}}
+            self.run = tracking.Run(t.uri, t.experiment or f"dflash-train/{target_name}", rs.variant.name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id)
+            if not run_id:
+                rid_file.write_text(self.run.run_id)
+                self.run.log_params(params)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
         self.file.flush()
         if self.run is not None:
-            from mlflow.entities import Metric
-
-            now = int(time.time() * 1000)
-            self.client.log_batch(self.run.info.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items() if math.isfinite(float(v))])
+            self.run.log_metrics(metrics, step=step)
 
     def close(self) -> None:
         self.file.close()
         if self.run is not None:
-            self.client.set_terminated(self.run.info.run_id)
+            self.run.end()
 
 
 def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> dict[str, dict[str, Any]]:
@@ -531,7 +505,7 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
     base_ids = list(cfg.drafter.target_layer_ids) if cfg.drafter.target_layer_ids else (list(cfg.target.default_taps) if getattr(cfg.target, "default_taps", None) and int(cfg.drafter.num_taps) == len(cfg.target.default_taps) else build_target_layer_ids(target.num_layers, int(cfg.drafter.num_taps)))
     pad = target.tokenizer.pad_token_id if target.tokenizer is not None and target.tokenizer.pad_token_id is not None else target.eos_ids[0]
     batcher = Batcher(seqs, int(o.batch_size), int(o.max_seq_len), int(pad), int(cfg.seed))
-    params = _flat_params(to_container(cfg) if not isinstance(cfg, dict) else cfg)
+    params = flatten(to_container(cfg) if not isinstance(cfg, dict) else cfg)
     last_normed = _last_hidden_is_normed(target)
     runs: list[RunState] = []
     for v in variants:
@@ -624,27 +598,20 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
 
 def import_metrics(run_dir: str | Path, uri: str = "sqlite:///mlflow.db", experiment: str | None = None, target_name: str = "smollm2_135m") -> str:
     """Log a run's metrics.jsonl (written where MLflow was off, e.g. on the GPU machine) to MLflow."""
-    import mlflow
-    from mlflow.entities import Metric
+    from dflash import tracking
 
     run_dir = Path(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment or f"dflash-train/{target_name}")
-    client = mlflow.MlflowClient()
-    with mlflow.start_run(run_name=run_dir.name) as run:
-        mlflow.set_tags({"dflash.kind": "train", "dflash.variant": run_dir.name, "dflash.imported_from": str(run_dir / "metrics.jsonl"), **{f"dflash.bug.{k}": str(v) for k, v in (summary.get("bugs") or {}).items()}})
+    tags = {"dflash.kind": "train", "dflash.variant": run_dir.name, "dflash.imported_from": str(run_dir / "metrics.jsonl"),
+            **{f"dflash.bug.{k}": str(v) for k, v in (summary.get("bugs") or {}).items()}}
+    with tracking.Run(uri, experiment or f"dflash-train/{target_name}", run_dir.name, tags=tags) as run:
         if (run_dir / "params.json").is_file():
-            mlflow.log_params({k: str(v)[:500] for k, v in json.loads((run_dir / "params.json").read_text()).items()})
-        batch: list[Metric] = []
-        ts = int(time.time() * 1000)
+            run.log_params(json.loads((run_dir / "params.json").read_text()))
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             row = json.loads(line)
             step = int(row.pop("step"))
-            batch += [Metric(k, float(v), ts, step) for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(float(v))]
-        for i in range(0, len(batch), 900):
-            client.log_batch(run.info.run_id, metrics=batch[i : i + 900])
-        return run.info.run_id
+            run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        return run.run_id
 
 
 def _hydra_main() -> None:
