@@ -280,9 +280,12 @@ def load_target(
 
 
 @lru_cache(maxsize=None)
+def _forward_params(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
 def _cache_kwarg(cls: type) -> str:
-    params = inspect.signature(cls.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return "cache" if "cache" in _forward_params(cls) else "past_key_values"
 
 
 def new_cache(target: Target):
@@ -294,11 +297,14 @@ def new_cache(target: Target):
         return DynamicCache()
 
 
-def forward(target: Target, ids: Tensor, cache=None, attention_mask: Tensor | None = None, position_ids: Tensor | None = None, hidden_states: bool = False):
-    """One target forward; `cache` (a DynamicCache) is extended in place."""
+def forward(target: Target, ids: Tensor, cache=None, attention_mask: Tensor | None = None, position_ids: Tensor | None = None, hidden_states: bool = False, last_logits_only: bool = False):
+    """One target forward; `cache` (a DynamicCache) is extended in place. `last_logits_only` skips
+    the lm_head at every position but the last (taps need no logits)."""
     kw: dict[str, Any] = dict(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None, output_hidden_states=hidden_states)
     if cache is not None:
         kw[_cache_kwarg(type(target.model))] = cache
+    if last_logits_only and "logits_to_keep" in _forward_params(type(target.model)):
+        kw["logits_to_keep"] = 1
     return target.model(**kw)
 
 
@@ -320,5 +326,5 @@ def tap(hidden_states: tuple[Tensor, ...], layer_ids: list[int]) -> Tensor:
 @torch.no_grad()
 def tapped_forward(target: Target, ids: Tensor, layer_ids: list[int], attention_mask: Tensor | None = None) -> Tensor:
     """ids [S, T] -> taps [S, T, n*H] (right padding is harmless: attention is causal)."""
-    out = forward(target, ids, attention_mask=attention_mask, hidden_states=True)
+    out = forward(target, ids, attention_mask=attention_mask, hidden_states=True, last_logits_only=True)
     return tap(out.hidden_states, layer_ids)
