@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -161,8 +162,6 @@ def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_ancho
 def attend(q: Tensor, k: Tensor, v: Tensor, mask, backend: str) -> Tensor:
     """q [S, H, Q, D], k/v [S, Hkv, K, D]; mask bool [S, Q, K] (or BlockMask for flex) -> [S, H, Q, D]."""
     if backend == "flex":
-        from torch.nn.attention.flex_attention import flex_attention
-
         return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
@@ -178,16 +177,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask, backend: str) -> Tensor:
     raise ValueError(f"attention backend {backend!r} is not one of {ATTENTION_BACKENDS}")
 
 
-_FLEX = None
-
-
+@lru_cache(maxsize=None)
 def _compiled_flex():
-    global _FLEX
-    if _FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX = torch.compile(flex_attention, dynamic=False)
-    return _FLEX
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class Attention(nn.Module):
