@@ -187,8 +187,7 @@ def build(cfg: DrafterConfig, sd: dict[str, torch.Tensor] | None, where: str) ->
     if sd is None:
         return model
     own = model.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
+    missing = sorted(set(own) - set(sd))  # extra keys (e.g. embed/lm_head copies some trainers keep) are ignored
     shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape]
     if missing or shapes:
         raise CheckpointError(
@@ -197,7 +196,6 @@ def build(cfg: DrafterConfig, sd: dict[str, torch.Tensor] | None, where: str) ->
             + (f"; shape mismatch {shapes[:4]}" if shapes else "")
         )
     model.load_state_dict({k: sd[k] for k in own}, strict=True)
-    del unexpected  # e.g. embed/lm_head copies some trainers keep: not part of a DFlash drafter
     return model
 
 

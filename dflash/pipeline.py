@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -18,7 +19,7 @@ from dflash.checkpoint import CheckpointError, LoadedDrafter, load_drafter
 from dflash.drafter import ATTENTION_BACKENDS
 from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, summarize
 from dflash.prompts import Prompt, PromptError, load_prompts, render
-from dflash.references import ReferenceError, ReferenceStats, get_references
+from dflash.references import ReferenceError, get_references
 from dflash.replay import Block, evaluate_sequence
 from dflash.target import Target, TargetError, load_target, tapped_forward
 
@@ -108,8 +109,6 @@ def load_models(cfg: dict[str, Any], timings: dict[str, float]) -> tuple[Target,
 
 
 def _default_name(d: dict[str, Any]) -> str:
-    from pathlib import Path
-
     src = d.get("run_dir") if d["kind"] == "training" else d.get("path") if d["kind"] == "hf" else None
     return Path(src).name if src else d["kind"]
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import shutil
 import tempfile

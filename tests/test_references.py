@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import torch
 
-from dflash.references import ReferenceCache, ReferenceError, get_references, greedy_generate, reference_key
+from dflash.references import ReferenceError, get_references, greedy_generate, reference_key
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22]]
 
