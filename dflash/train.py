@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+PROCESS_START = time.time()  # max_minutes counts from here: loading and data generation included
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -125,7 +127,7 @@ class TrainConfig:
     metrics_every: int = 50  # per-position accuracy to MLflow / metrics.jsonl
     cache_dir: str = ".cache"
     seed: int = 0
-    max_minutes: Optional[float] = None  # stop (and checkpoint) after this wall time; resume later
+    max_minutes: Optional[float] = None  # stop (and checkpoint) once the process has run this long; resume later
     stop_after: Optional[int] = None  # stop (and checkpoint) after this step; the schedule keeps optim.steps
 
 
@@ -526,15 +528,15 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
     start = min(rs.step for rs in runs)
     B = int(cfg.drafter.block_size)
     window = {rs.variant.name: None for rs in runs}
-    t_begin = time.time()
     summaries: dict[str, dict[str, Any]] = {}
     try:
         for step in range(start, total):
             stop_now = cfg.stop_after is not None and step >= int(cfg.stop_after)
-            if stop_now or (cfg.max_minutes and (time.time() - t_begin) / 60 > float(cfg.max_minutes)):
+            if stop_now or (cfg.max_minutes and (time.time() - PROCESS_START) / 60 > float(cfg.max_minutes)):
                 log(f"stopping at step {step} (stop_after / max_minutes): checkpointing, resume later")
                 for rs in runs:
                     save_checkpoint(rs, cfg, {"tokens": rs.tokens, "time": rs.time})
+                    export(rs, cfg)  # weights-only too: usable even if the run is never resumed
                 break
             ids, seq_lens, prompt_lens = batcher.get(step)
             g = torch.Generator().manual_seed(int(cfg.seed) * 7919 + step)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# How the shipped drafters were trained: the lent H200 (device tool, README "Training"), in phases,
+# one per device call, since one call carries at most 64 MiB and runs at most 10 minutes.
+#   setup  install the carried wheels (.whl) and keep the first GGUF part (.gguf/p_aa)
+#   train  join the GGUF parts, check them, train (or resume) all variants in lockstep until
+#          MAX_MIN minutes, then pack the exported weights and metrics into $OUT
+#   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT
+# Env: STEPS (schedule length), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
+# "last" or a regex of folder names).
+set -euo pipefail
+PHASE=$1
+G=/root/g; GGUF=$G/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+mkdir -p $G
+case $PHASE in
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  cp .gguf/p_aa $G/ ; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
+train)
+  if [ ! -f $GGUF ]; then cp .gguf/p_ab $G/; cat $G/p_aa $G/p_ab > $GGUF; rm $G/p_a?; fi
+  echo "$SHA  $GGUF" | sha256sum -c
+  python3 -m dflash.train target.path=$GGUF "variants=[fixed,noisy_labels,final_layer,loss_dilution]" \
+    optim.steps=${STEPS} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa \
+    data.prompts_path=.gpu/train_prompts.jsonl data.gen_batch_size=${GEN_BS:-1024} \
+    tracking.enabled=false out_dir=/root/runs export_dir=/root/ckpt "export_steps=${EXPORTS:-[]}" \
+    save_every=100000 cache_dir=/root/cache max_minutes=${MAX_MIN} 2>&1 | tee $OUT/train.log
+  cd /root
+  if [ "${KEEP:-last}" = last ]; then sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -t_ -k2 -n | tail -1; done)
+  else sel=$(ls -d ckpt/*/step_* | grep -E "${KEEP}"); fi
+  tar czf - $sel runs/*/metrics.jsonl runs/*/params.json $(ls runs/*/summary.json 2>/dev/null) | split -b 15M - $OUT/runs.tgz.part_
+  ls -la $OUT ;;
+eval)
+  for v in fixed noisy_labels final_layer loss_dilution; do
+    python3 evaluate.py target.path=$GGUF drafter=$v drafter.run_dir=/root/ckpt/$v device=cuda \
+      tracking.enabled=false cache_dir=/root/cache leak_probe=${LEAK:-false} 2>&1 | tee $OUT/eval_$v.log | tail -25
+  done ;;
+esac
