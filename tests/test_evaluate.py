@@ -51,7 +51,7 @@ def test_default_evaluation_logs_everything(tmp_path):
         assert all(f"{kind}/pos_{k:02d}" in m for k in range(1, 16))
     assert sum(v for k, v in m.items() if k.startswith("commit_hist/")) == m["steps"] > 0
     assert m["acceptance_length"] > 1.0  # the shipped drafter accepts tokens
-    assert run.info.run_name == "fixed@step_800" and run.data.tags["checkpoint_sha256"]
+    assert run.info.run_name == "fixed@step_5037" and run.data.tags["checkpoint_sha256"]
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -67,14 +67,14 @@ def test_default_evaluation_logs_everything(tmp_path):
 
 
 def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
-    r = evaluate(tmp_path, "-m", "drafter.step=400,800", *FAST)  # two steps of the shipped fixed run
+    r = evaluate(tmp_path, "-m", "drafter.step=1633,5037", *FAST)  # two steps of the shipped fixed run
     assert r.returncode == 0, r.stderr[-3000:]
     all_runs = runs(tmp_path)
     parents = [x for x in all_runs if x.data.tags.get("dflash.role") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     kids = [x for x in all_runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(k.info.run_name for k in kids) == ["fixed@step_400", "fixed@step_800"]
-    assert {k.data.tags["checkpoint_path"] for k in kids} == {str(ROOT / "checkpoints/fixed" / f"step_{s}") for s in (400, 800)}
+    assert sorted(k.info.run_name for k in kids) == ["fixed@step_1633", "fixed@step_5037"]
+    assert {k.data.tags["checkpoint_path"] for k in kids} == {str(ROOT / "checkpoints/fixed" / f"step_{s}") for s in (1633, 5037)}
     assert all(k.info.status == "FINISHED" for k in kids)
 
 
