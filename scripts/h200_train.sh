@@ -6,7 +6,7 @@
 #          MAX_MIN minutes, then pack the exported weights and metrics into $OUT
 #   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT
 # Env: STEPS (schedule length), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
-# "last" or a regex of folder names).
+# "last" or a regex of folder paths, e.g. "fixed/step_(2000|4000)$|step_6000$"; ~9 fit in one call).
 set -euo pipefail
 PHASE=$1
 G=/root/g; GGUF=$G/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -27,7 +27,13 @@ train)
   cd /root
   if [ "${KEEP:-last}" = last ]; then sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -t_ -k2 -n | tail -1; done)
   else sel=$(ls -d ckpt/*/step_* | grep -E "${KEEP}"); fi
-  tar czf - $sel runs/*/metrics.jsonl runs/*/params.json $(ls runs/*/summary.json 2>/dev/null) | split -b 15M - $OUT/runs.tgz.part_
+  # one archive per step folder, metrics first, so a file the device tool leaves out (it brings back
+  # about 64 MiB a call) costs that folder only; folders past the limit are named, not packed
+  tar czf $OUT/metrics.tgz runs/*/metrics.jsonl runs/*/params.json $(ls runs/*/summary.json 2>/dev/null)
+  for d in $sel; do
+    f=$OUT/$(echo $d | tr / _).tgz; tar czf $f $d
+    if [ $(du -cm $OUT/*.tgz | tail -1 | cut -f1) -gt 60 ]; then rm $f; echo "NOT BROUGHT BACK (over 60 MiB): $d"; fi
+  done
   ls -la $OUT ;;
 eval)
   for v in fixed noisy_labels final_layer loss_dilution; do
