@@ -8,6 +8,9 @@ Conventions (named here, logged under these names):
 - `accept_rate_cond/pos_k`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B).
 - `accuracy/pos_k`: teacher-forced, slot k right whatever the earlier slots, over every anchor.
 - `expected_acceptance_length`: 1 + Σ_k Π_{i<=k} accuracy_i.
+- `acceptance_length_se`: standard error of τ with prompts as the sampling unit (steps within a
+  prompt are not independent): the delta-method SE of a ratio of sums. Two drafters evaluated on the
+  same prompts differ beyond noise when their τ gap is several of these.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ def acceptance_length(c: Counters) -> float:
     return _div(c.committed, c.steps)
 
 
+def ratio_se(num: list[float], den: list[float]) -> float:
+    """SE of Σnum/Σden over n clusters (delta method, n/(n-1) small-sample factor); 0 when n < 2."""
+    n, D = len(num), sum(den)
+    if n < 2 or not D:
+        return 0.0
+    r = sum(num) / D
+    return (n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(num, den))) ** 0.5 / D
+
+
 def accept_rate(c: Counters) -> list[float]:
     return [_div(n, c.steps) for n in c.accepted_at_pos]
 
@@ -82,6 +94,7 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
     m: dict[str, float] = {
         "acceptance_length": acceptance_length(total),
         "acceptance_length_macro": _div(sum(taus), len(taus)),
+        "acceptance_length_se": ratio_se([c.committed for _, c in per_prompt], [c.steps for _, c in per_prompt]),
         "mean_accepted": _div(total.accepted, total.steps),
         "expected_acceptance_length": expected_acceptance_length(acc),
         "draft_acceptance_rate": _div(total.accepted, total.drafted),

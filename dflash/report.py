@@ -9,7 +9,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     m, info = res.metrics, res.info
     lines = [
         f"== {info['run_name']}  ({info['device']}, {info['dtype']}, block {info['block_size']}, taps {info['target_layer_ids']})",
-        f"acceptance length τ (bonus included, token-weighted): {m['acceptance_length']:.3f}   "
+        f"acceptance length τ (bonus included, token-weighted): {m['acceptance_length']:.3f} ± {m['acceptance_length_se']:.3f} (SE over prompts)   "
         f"macro (per-prompt mean): {m['acceptance_length_macro']:.3f}   expected from accuracy: {m['expected_acceptance_length']:.3f}",
     ]
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))

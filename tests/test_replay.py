@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, expected_acceptance_length, summarize
+from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, expected_acceptance_length, ratio_se, summarize
 from dflash.replay import replay, teacher_forced
 
 B = 16
@@ -72,6 +72,15 @@ def test_summarize_micro_macro_and_subsets():
     m = summarize([("x", a), ("y", b)])
     assert m["acceptance_length"] == pytest.approx(14 / 8)  # token-weighted
     assert m["acceptance_length_macro"] == pytest.approx((4 + 1) / 2)
+    # SE over prompts: residuals 8 - 1.75*2 = 4.5 and 6 - 1.75*6 = -4.5 -> sqrt(2 * 40.5) / 8
+    assert m["acceptance_length_se"] == pytest.approx(9 / 8)
     assert m["acceptance_length/x"] == 4 and m["acceptance_length/y"] == 1
     assert m["mean_accepted"] == 0  # no accepted drafts were counted
     assert {f"accept_rate/pos_{k:02d}" for k in (1, 2, 3)} <= m.keys()
+
+
+def test_ratio_se_is_zero_for_equal_prompts_and_shrinks_with_more_of_them():
+    assert ratio_se([4, 8, 12], [2, 4, 6]) == 0.0  # every prompt has τ 2
+    assert ratio_se([5], [3]) == 0.0  # one prompt: no spread to measure
+    one, four = ratio_se([8, 6], [2, 6]), ratio_se([8, 6] * 4, [2, 6] * 4)
+    assert four == pytest.approx(one * (2 * 8 / 7) ** 0.5 / 4)  # n/(n-1) factor, sqrt(n) shrinkage
