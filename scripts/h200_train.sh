@@ -4,7 +4,9 @@
 #   setup  install the carried wheels (.whl) and keep the first GGUF part (.gguf/p_aa)
 #   train  join the GGUF parts, check them, train (or resume) all variants in lockstep until
 #          MAX_MIN minutes, then pack the exported weights and metrics into $OUT
-#   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT
+#   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT;
+#          drafters carried in .gpu/ck*/<variant>/step_<N> join /root/ckpt first; BENCH=1 adds
+#          python -m dflash.bench device=cuda (stage times and the online speedup)
 # Env: STEPS (schedule length), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
 # "last" or a regex of folder paths, e.g. "fixed/step_(2000|4000)$|step_6000$"; ~9 fit in one call).
 set -euo pipefail
@@ -15,7 +17,8 @@ mkdir -p $G
 case $PHASE in
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .gguf/p_aa $G/ ; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
+  cp .gguf/p_aa $G/ ; for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
 train)
   if [ ! -f $GGUF ]; then cp .gguf/p_ab $G/; cat $G/p_aa $G/p_ab > $GGUF; rm $G/p_a?; fi
   echo "$SHA  $GGUF" | sha256sum -c
@@ -36,8 +39,15 @@ train)
   done
   ls -la $OUT ;;
 eval)
+  if [ ! -f $GGUF ]; then cp .gguf/p_ab $G/; cat $G/p_aa $G/p_ab > $GGUF; rm $G/p_a?; fi
+  echo "$SHA  $GGUF" | sha256sum -c
+  for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
   for v in fixed noisy_labels final_layer loss_dilution; do
     python3 evaluate.py target.path=$GGUF drafter=$v drafter.run_dir=/root/ckpt/$v device=cuda \
       tracking.enabled=false cache_dir=/root/cache leak_probe=${LEAK:-false} 2>&1 | tee $OUT/eval_$v.log | tail -25
-  done ;;
+  done
+  if [ "${BENCH:-0}" = 1 ]; then
+    python3 -m dflash.bench --online 4 target.path=$GGUF drafter.run_dir=/root/ckpt/fixed device=cuda \
+      tracking.enabled=false cache_dir=/root/cache 2>&1 | tee $OUT/bench.log | tail -30
+  fi ;;
 esac
