@@ -8,7 +8,10 @@
 #          drafters carried in .gpu/ck*/<variant>/step_<N> join /root/ckpt first; BENCH=1 adds
 #          python -m dflash.bench device=cuda (stage times and the online speedup)
 # Env: STEPS (schedule length), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
-# "last" or a regex of folder paths, e.g. "fixed/step_(2000|4000)$|step_6000$"; ~9 fit in one call).
+# "last" or a regex of folder paths, e.g. "fixed/step_(2000|4000)$|step_6000$"; ~9 fit in one call),
+# VARIANTS ("[noisy_labels]": retrain some; batches and noise depend on (seed, step) only, so a variant
+# trained alone sees what it saw in lockstep), STOP_AFTER (stop and export at this step, the schedule
+# still spanning STEPS: how noisy_labels was retrained to 5037 after its first export was lost).
 set -euo pipefail
 PHASE=$1
 G=/root/g; GGUF=$G/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -22,11 +25,11 @@ setup)
 train)
   if [ ! -f $GGUF ]; then cp .gguf/p_ab $G/; cat $G/p_aa $G/p_ab > $GGUF; rm $G/p_a?; fi
   echo "$SHA  $GGUF" | sha256sum -c
-  python3 -m dflash.train target.path=$GGUF "variants=[fixed,noisy_labels,final_layer,loss_dilution]" \
+  python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution]}" \
     optim.steps=${STEPS} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa \
     data.prompts_path=.gpu/train_prompts.jsonl data.gen_batch_size=${GEN_BS:-1024} \
     tracking.enabled=false out_dir=/root/runs export_dir=/root/ckpt "export_steps=${EXPORTS:-[]}" \
-    save_every=100000 cache_dir=/root/cache max_minutes=${MAX_MIN} 2>&1 | tee $OUT/train.log
+    save_every=100000 cache_dir=/root/cache max_minutes=${MAX_MIN} stop_after=${STOP_AFTER:-null} 2>&1 | tee $OUT/train.log
   cd /root
   if [ "${KEEP:-last}" = last ]; then sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -t_ -k2 -n | tail -1; done)
   else sel=$(ls -d ckpt/*/step_* | grep -E "${KEEP}"); fi
