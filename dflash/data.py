@@ -14,7 +14,7 @@ contains the other, or that shares any run of `NGRAM` words (lower-cased, punctu
 Responses: the target regenerates every response greedily (DFLASH.md §4), so labels at anchor + k
 are the target's own greedy tokens. Sequences are cached as token ids in shards under
 `<cache_dir>/train_data/<key>/shard_<i>.pt`, each written to a temporary file and renamed; the key
-hashes the target identity, the prompts' token ids and the generation settings.
+hashes the target identity and dtype, the prompts' token ids and the generation settings.
 """
 
 from __future__ import annotations
@@ -390,7 +390,7 @@ def build_sequences(
 
     rendered = [render(p, target.tokenizer, template) for p in prompts]
     rendered = [r for r in rendered if len(r) <= max_prompt_tokens]
-    key = data_key(target.identity, rendered, max_new_tokens, template)
+    key = data_key(f"{target.identity}:{target.dtype}", rendered, max_new_tokens, template)  # bf16 and fp32 labels differ
     root = Path(cache_dir).expanduser() / "train_data" / key
     seqs: list[Sequence] = []
     for s0 in range(0, len(rendered), shard_size):

@@ -10,7 +10,8 @@ Sources:
   re-tokenized, so a server-side tokenizer mismatch shows as low τ: prefer sglang).
 
 Cache: one JSON file per reference under `<cache_dir>/references/`, named by the sha256 of all
-that decides it (target identity, source, rendered prompt ids, max_new_tokens, template options).
+that decides it (target identity, source (with the target's dtype for `local`), rendered prompt ids,
+max_new_tokens, template options).
 Written to a temporary file and renamed, so a crash never leaves a half-written entry.
 """
 
@@ -157,7 +158,9 @@ def get_references(
     use_cache: bool = True,
 ) -> tuple[list[list[int]], ReferenceStats]:
     cache = ReferenceCache(cache_dir)
-    keys = [reference_key(target.identity, source if source == "local" else f"{source}:{url}", p, max_new_tokens, template) for p in prompts]
+    # local greedy output depends on the dtype the target runs in (bf16 and fp32 diverge); a server's does not
+    src = f"local:{target.dtype}" if source == "local" else f"{source}:{url}"
+    keys = [reference_key(target.identity, src, p, max_new_tokens, template) for p in prompts]
     refs: list[list[int] | None] = [cache.get(k) if use_cache else None for k in keys]
     todo = [i for i, r in enumerate(refs) if r is None]
     stats = ReferenceStats(hits=len(prompts) - len(todo), generated=len(todo))

@@ -40,6 +40,12 @@ def test_cache_reused_and_keyed_by_what_decides_it(qwen3_target, tmp_path):
     assert st.generated == 2
     _, st = get_references(qwen3_target, PROMPTS[:2], 8, {"enable_thinking": True}, tmp_path)  # another template
     assert st.generated == 2
+    from dflash.target import load_target
+
+    bf16 = load_target("hf", qwen3_target.source, dtype="bfloat16", device="cpu", attn="sdpa")
+    assert bf16.identity == qwen3_target.identity
+    _, st = get_references(bf16, PROMPTS[:2], 8, tmpl, tmp_path)  # same weights in another dtype
+    assert st.generated == 2
     keys = {reference_key("a", "local", [1], 8, tmpl), reference_key("b", "local", [1], 8, tmpl), reference_key("a", "local", [2], 8, tmpl)}
     assert len(keys) == 3
     assert not list(tmp_path.rglob("*.tmp"))  # nothing half-written left behind

@@ -329,5 +329,11 @@ def test_sequences_regenerated_and_cached(target, tmp_path):
         for s in s1:  # the response is the target's greedy continuation
             ids = torch.tensor([s.ids[: s.prompt_len]])
             assert forward(target, ids).logits[0, -1].argmax().item() == s.ids[s.prompt_len]
+        import copy
+        import dataclasses
+
+        bf16 = dataclasses.replace(target, model=copy.deepcopy(target.model).to(torch.bfloat16))
+        build_sequences(bf16, ps, tmpl, 12, 64, 2, tmp_path, shard_size=2, min_response_tokens=1, log=lambda *_: None)
+        assert len(list((tmp_path / "train_data").iterdir())) == 2  # another dtype: other labels, another key
     finally:
         target.tokenizer = None
