@@ -32,7 +32,7 @@ train)
     save_every=100000 cache_dir=/root/cache max_minutes=${MAX_MIN} stop_after=${STOP_AFTER:-null} 2>&1 | tee $OUT/train.log
   cd /root
   if [ "${KEEP:-last}" = last ]; then sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -t_ -k2 -n | tail -1; done)
-  else sel=$(ls -d ckpt/*/step_* | grep -E "${KEEP}"); fi
+  else sel=$(ls -d ckpt/*/step_* 2>/dev/null | grep -E "${KEEP}" || true); fi
   # one archive per step folder, metrics first, so a file the device tool leaves out (it brings back
   # about 64 MiB a call) costs that folder only; folders past the limit are named, not packed
   tar czf $OUT/metrics.tgz runs/*/metrics.jsonl runs/*/params.json $(ls runs/*/summary.json 2>/dev/null)
