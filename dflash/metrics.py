@@ -8,9 +8,14 @@ Conventions (named here, logged under these names):
 - `accept_rate_cond/pos_k`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B).
 - `accuracy/pos_k`: teacher-forced, slot k right whatever the earlier slots, over every anchor.
 - `expected_acceptance_length`: 1 + Σ_k Π_{i<=k} accuracy_i.
+- `nll_mean` (± `nll_mean_se`), `nll/pos_k`: teacher-forced mean -log p of the reference token
+  (nats) over every anchor: the evaluation twin of the training loss, a proper score with far less variance than τ.
+  `confidence/pos_k`: mean top-1 probability; `overconfidence`: mean confidence - accuracy over
+  all slots (> 0: sure of wrong drafts; < 0: right but unsure, as after training on noisy labels).
 - `acceptance_length_se`: standard error of τ with prompts as the sampling unit (steps within a
   prompt are not independent): the delta-method SE of a ratio of sums. Two drafters evaluated on the
-  same prompts differ beyond noise when their τ gap is several of these.
+  same prompts: `paired_ratio_diff` gives the SE of their τ gap, far smaller than either τ's SE
+  since what is hard about a prompt is hard for both (`python -m dflash.compare`).
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ class Counters:
     commit_hist: list[int] = field(default_factory=list)  # [B+1]: steps that committed c tokens
     tf_correct: list[int] = field(default_factory=list)  # [B-1]: teacher-forced hits at slot k
     tf_total: list[int] = field(default_factory=list)  # [B-1]: anchors with a label at slot k
+    tf_nll: list[float] = field(default_factory=list)  # [B-1]: sum of -log p(reference token) at slot k
+    tf_conf: list[float] = field(default_factory=list)  # [B-1]: sum of the top-1 probability at slot k
 
     def __post_init__(self):
         K = self.block_size - 1
-        for name, n in (("accepted_at_pos", K), ("commit_hist", K + 2), ("tf_correct", K), ("tf_total", K)):
+        for name, n in (("accepted_at_pos", K), ("commit_hist", K + 2), ("tf_correct", K), ("tf_total", K), ("tf_nll", K), ("tf_conf", K)):
             if not getattr(self, name):
-                setattr(self, name, [0] * n)
+                setattr(self, name, [0.0 if name in ("tf_nll", "tf_conf") else 0] * n)
 
     def __add__(self, o: "Counters") -> "Counters":
         assert self.block_size == o.block_size
@@ -65,6 +72,19 @@ def ratio_se(num: list[float], den: list[float]) -> float:
     return (n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(num, den))) ** 0.5 / D
 
 
+def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]) -> tuple[float, float]:
+    """Σnum_b/Σden_b - Σnum_a/Σden_a over the same n clusters, and its paired SE (delta method:
+    each cluster's influence on b minus its influence on a, so what the prompts share cancels)."""
+    n, Da, Db = len(num_a), sum(den_a), sum(den_b)
+    if not Da or not Db:
+        return 0.0, 0.0
+    ra, rb = sum(num_a) / Da, sum(num_b) / Db
+    if n < 2:
+        return rb - ra, 0.0
+    z = [(nb - rb * db) / Db - (na - ra * da) / Da for na, da, nb, db in zip(num_a, den_a, num_b, den_b)]
+    return rb - ra, (n / (n - 1) * sum(x * x for x in z)) ** 0.5
+
+
 def accept_rate(c: Counters) -> list[float]:
     return [_div(n, c.steps) for n in c.accepted_at_pos]
 
@@ -76,6 +96,14 @@ def accept_rate_cond(c: Counters) -> list[float]:
 
 def accuracy(c: Counters) -> list[float]:
     return [_div(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
+
+
+def nll(c: Counters) -> list[float]:
+    return [_div(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
+
+
+def confidence(c: Counters) -> list[float]:
+    return [_div(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
 
 
 def expected_acceptance_length(acc: list[float]) -> float:
@@ -98,14 +126,19 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
         "mean_accepted": _div(total.accepted, total.steps),
         "expected_acceptance_length": expected_acceptance_length(acc),
         "draft_acceptance_rate": _div(total.accepted, total.drafted),
+        "nll_mean": _div(sum(total.tf_nll), sum(total.tf_total)),
+        "nll_mean_se": ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt]),
+        "overconfidence": _div(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total)),
         "steps": float(total.steps),
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
-    for k, (r, rc, a) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc), start=1):
+    for k, (r, rc, a, l, cf) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc, nll(total), confidence(total)), start=1):
         m[f"accept_rate/pos_{k:02d}"] = r
         m[f"accept_rate_cond/pos_{k:02d}"] = rc
         m[f"accuracy/pos_{k:02d}"] = a
+        m[f"nll/pos_{k:02d}"] = l
+        m[f"confidence/pos_{k:02d}"] = cf
     for c_, n in enumerate(total.commit_hist):
         m[f"commit_hist/{c_:02d}"] = float(n)
     for subset in sorted({s for s, _ in per_prompt}):

@@ -17,7 +17,7 @@ import torch
 
 from dflash.checkpoint import CheckpointError, LoadedDrafter, load_drafter
 from dflash.drafter import ATTENTION_BACKENDS
-from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, summarize
+from dflash.metrics import Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, confidence, nll, summarize
 from dflash.prompts import Prompt, PromptError, load_prompts, render
 from dflash.references import ReferenceError, get_references
 from dflash.replay import Block, evaluate_sequence
@@ -152,12 +152,13 @@ def run(cfg: dict[str, Any]) -> EvalResult:
         if cfg.get("leak_probe"):
             with timed(timings, "leak_probe"):
                 leak.append((p.subset, evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]))
-        rows.append({"id": p.id, "subset": p.subset, "prompt_tokens": len(x), "new_tokens": c.new_tokens, "steps": c.steps, "acceptance_length": acceptance_length(c)})
+        rows.append({"id": p.id, "subset": p.subset, "prompt_tokens": len(x), "new_tokens": c.new_tokens, "steps": c.steps, "committed": c.committed, "acceptance_length": acceptance_length(c),
+                     "tf_correct": c.tf_correct, "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll)})
         if i < int(cfg.get("num_samples", 3)):
             samples.append(sample_record(target, p, x, r, blocks))
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
-    curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total)}
+    curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total), "nll": nll(total), "confidence": confidence(total)}
     if leak:
         lm = summarize(leak)
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]

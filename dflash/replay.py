@@ -11,7 +11,9 @@ loop could ever see; the loop itself is then index walking over those proposals:
         commit = min(a + 1, T - 1 - pos)      # accepted + bonus, capped where the reference ends
         pos += commit
 
-The same proposals give teacher-forced accuracy at every anchor for free.
+The same proposals give teacher-forced accuracy at every anchor for free, and the same logits the
+drafter's NLL of each reference token and its top-1 probability: a proper score that moves before
+τ does (a drafter trained on corrupted labels can keep its argmax and still be less sure of it).
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ def draft_every_anchor(
     backend: str = "sdpa",
     anchors_per_chunk: int = 32,
     see_anchor: bool = False,
-) -> Tensor:  # [T-1-first_anchor, B-1] greedy proposals, row i for the anchor at first_anchor + i
+) -> tuple[Tensor, Tensor, Tensor]:
+    """-> proposals [A, B-1] (greedy, row i for the anchor at first_anchor + i, A = T-1-first_anchor),
+    nll [A, B-1] (-log p of the reference token at slot k; rows past the end hold the last token's),
+    conf [A, B-1] (the drafter's top-1 probability)."""
     B = drafter.cfg.block_size
     T = seq.shape[0]
     anchors = torch.arange(first_anchor, T - 1, device=seq.device)
     mask_id = drafter.cfg.mask_token_id
     dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype  # with the target's last layers
-    out = []
+    k = torch.arange(1, B, device=seq.device)
+    props, nlls, confs = [], [], []
     for a in anchors.split(anchors_per_chunk):
         N = a.shape[0]
         block = torch.full((N, B), mask_id, dtype=torch.long, device=seq.device)
@@ -58,8 +64,16 @@ def draft_every_anchor(
         emb = target.embed(block)[None].to(dev, dt)  # [1, N, B, H]
         h = drafter(taps[None, :ctx_len].to(dev, dt), emb, a[None].to(dev), backend=backend, see_anchor=see_anchor)
         h = h[0, :, 1:].reshape(N * (B - 1), -1).to(target.dtype)  # 2-D: a 3-D strided input takes a slow bmm path
-        out.append(target.lm_head(h).argmax(-1).view(N, B - 1))  # logits [N*(B-1), V]
-    return torch.cat(out) if out else torch.empty((0, B - 1), dtype=torch.long, device=dev)
+        logp = target.lm_head(h).float().log_softmax(-1)  # [N*(B-1), V]
+        ref = seq[(a[:, None] + k).clamp(max=T - 1)].reshape(-1, 1).to(logp.device)  # [N*(B-1), 1]
+        top = logp.max(-1)
+        props.append(top.indices.view(N, B - 1))
+        confs.append(top.values.exp().view(N, B - 1))
+        nlls.append(-logp.gather(-1, ref).view(N, B - 1))
+    if not props:
+        empty = torch.empty((0, B - 1), device=dev)
+        return empty.long(), empty, empty
+    return torch.cat(props), torch.cat(nlls), torch.cat(confs)
 
 
 def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int) -> tuple[Counters, list[Block]]:
@@ -88,8 +102,12 @@ def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_
     return c, blocks
 
 
-def teacher_forced(seq: list[int], first_anchor: int, proposals: list[list[int]], c: Counters) -> None:
-    """Add slot-k accuracy over every anchor to c (slot k right regardless of earlier slots)."""
+def teacher_forced(
+    seq: list[int], first_anchor: int, proposals: list[list[int]], c: Counters,
+    nll: list[list[float]] | None = None, conf: list[list[float]] | None = None,
+) -> None:
+    """Add slot-k accuracy over every anchor to c (slot k right regardless of earlier slots), and
+    with `nll`/`conf` (draft_every_anchor's) the reference token's NLL and the top-1 probability."""
     T = len(seq)
     for i, prop in enumerate(proposals):
         p = first_anchor + i
@@ -97,6 +115,9 @@ def teacher_forced(seq: list[int], first_anchor: int, proposals: list[list[int]]
             if p + k < T:
                 c.tf_total[k - 1] += 1
                 c.tf_correct[k - 1] += int(prop[k - 1] == seq[p + k])
+                if nll is not None and conf is not None:
+                    c.tf_nll[k - 1] += nll[i][k - 1]
+                    c.tf_conf[k - 1] += conf[i][k - 1]
 
 
 def evaluate_sequence(
@@ -111,7 +132,8 @@ def evaluate_sequence(
 ) -> tuple[Counters, list[Block]]:
     seq = prompt_ids + completion_ids
     P = len(prompt_ids)
-    props = draft_every_anchor(drafter, target, torch.tensor(seq, device=target.device), taps, P, backend, anchors_per_chunk, see_anchor).tolist()
+    props, nll, conf = draft_every_anchor(drafter, target, torch.tensor(seq, device=target.device), taps, P, backend, anchors_per_chunk, see_anchor)
+    props = props.tolist()
     c, blocks = replay(seq, P, props, drafter.cfg.block_size)
-    teacher_forced(seq, P, props, c)
+    teacher_forced(seq, P, props, c, nll.tolist(), conf.tolist())
     return c, blocks

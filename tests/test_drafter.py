@@ -291,3 +291,27 @@ def test_from_hf_without_dflash_config_needs_both_overrides():
         DrafterConfig.from_hf(d, overrides={"target_layer_ids": [1]})
     cfg = DrafterConfig.from_hf(d, overrides={"target_layer_ids": ["1", 3], "mask_token_id": 9})
     assert cfg.target_layer_ids == [1, 3] and cfg.mask_token_id == 9
+
+
+def test_replay_scores_are_the_drafters_own_distribution(qwen3_target, make_drafter):
+    """draft_every_anchor's proposal, NLL of the reference token and top-1 probability at every
+    anchor equal a single-anchor forward's argmax, -log_softmax[ref] and max softmax."""
+    from dflash.replay import draft_every_anchor
+
+    drafter = make_drafter(qwen3_target, num_layers=1, block_size=B, seed=3, std=0.1)
+    T, P = 14, 5
+    seq = torch.randint(3, 240, (T,), generator=torch.Generator().manual_seed(4))
+    taps = tapped_forward(qwen3_target, seq[None], drafter.cfg.target_layer_ids)[0]
+    props, nll, conf = draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3)
+    assert props.shape == nll.shape == conf.shape == (T - 1 - P, B - 1)
+    for i, p in enumerate(range(P, T - 1)):
+        block = torch.full((1, 1, B), MASK_ID)
+        block[0, 0, 0] = seq[p]
+        with torch.no_grad():
+            h = drafter(taps[None, :p], qwen3_target.embed(block), torch.tensor([[p]]))
+            logp = qwen3_target.lm_head(h[0, 0, 1:]).float().log_softmax(-1)  # [B-1, V]
+        assert torch.equal(props[i], logp.argmax(-1))
+        torch.testing.assert_close(conf[i], logp.max(-1).values.exp(), atol=1e-5, rtol=1e-4)
+        for k in range(1, B):
+            if p + k < T:
+                torch.testing.assert_close(nll[i, k - 1], -logp[k - 1, seq[p + k]], atol=1e-4, rtol=1e-4)

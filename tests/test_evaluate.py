@@ -76,6 +76,16 @@ def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
     assert sorted(k.info.run_name for k in kids) == ["fixed@step_1633", "fixed@step_5037"]
     assert {k.data.tags["checkpoint_path"] for k in kids} == {str(ROOT / "checkpoints/fixed" / f"step_{s}") for s in (1633, 5037)}
     assert all(k.info.status == "FINISHED" for k in kids)
+    # the two steps side by side, paired by prompt, read back from the store by run name
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT)}
+    cmp = subprocess.run([sys.executable, "-m", "dflash.compare", "fixed@step_1633", "fixed@step_5037"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert cmp.returncode == 0, cmp.stderr
+    tau = {k.info.run_name: k.data.metrics["acceptance_length"] for k in kids}
+    line = next(x for x in cmp.stdout.splitlines() if x.startswith("acceptance_length "))
+    a, b, d = (float(v) for v in line.split()[1:4])
+    assert (a, b) == pytest.approx((tau["fixed@step_1633"], tau["fixed@step_5037"]), abs=6e-4) and d == pytest.approx(b - a, abs=2e-3)
+    missing = subprocess.run([sys.executable, "-m", "dflash.compare", "fixed@step_1633", "nope@step_1"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "no finished run with id or name 'nope@step_1'" in missing.stderr
 
 
 def _ckpt(run_dir: Path, step: int, hidden: int = 576) -> None:

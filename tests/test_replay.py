@@ -84,3 +84,18 @@ def test_ratio_se_is_zero_for_equal_prompts_and_shrinks_with_more_of_them():
     assert ratio_se([5], [3]) == 0.0  # one prompt: no spread to measure
     one, four = ratio_se([8, 6], [2, 6]), ratio_se([8, 6] * 4, [2, 6] * 4)
     assert four == pytest.approx(one * (2 * 8 / 7) ** 0.5 / 4)  # n/(n-1) factor, sqrt(n) shrinkage
+
+
+def test_nll_confidence_and_overconfidence():
+    seq, P = [1, 2, 3, 4, 5], 2  # anchors 2, 3; slot k needs p + k < 5
+    props = [[4, 9, 0], [5, 0, 0]]  # anchor 2: slot 1 right, slot 2 wrong; anchor 3: slot 1 right
+    nll = [[0.1, 2.0, 9.0], [0.3, 9.0, 9.0]]  # entries past the reference end must be ignored
+    conf = [[0.9, 0.8, 1.0], [0.5, 1.0, 1.0]]
+    c = Counters(block_size=4)
+    teacher_forced(seq, P, props, c, nll, conf)
+    assert c.tf_total == [2, 1, 0] and c.tf_correct == [2, 0, 0]
+    assert c.tf_nll == pytest.approx([0.4, 2.0, 0.0]) and c.tf_conf == pytest.approx([1.4, 0.8, 0.0])
+    m = summarize([("x", c)])
+    assert m["nll_mean"] == pytest.approx(2.4 / 3)
+    assert m["nll/pos_01"] == pytest.approx(0.2) and m["confidence/pos_02"] == pytest.approx(0.8)
+    assert m["overconfidence"] == pytest.approx((2.2 - 2) / 3)
