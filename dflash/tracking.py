@@ -193,6 +193,7 @@ def load_per_prompt(uri: str, run: str) -> tuple[str, str, list[dict[str, Any]]]
     per-prompt rows its evaluation logged as per_prompt.json)."""
     import tempfile
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bar on the console
     client = _client(uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     found = client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'") if len(run) == 32 and run.isalnum() else []
