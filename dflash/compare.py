@@ -1,7 +1,8 @@
 """Entry point: `python -m dflash.compare RUN_A RUN_B [--uri URI]`: is B better or worse than A?
 
-Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: the newest finished
-run of that name) that replayed the same prompts against the same references are compared prompt
+Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: A is the newest
+finished run of its name, B the newest of its name over A's prompts) that replayed the same
+prompts against the same references are compared prompt
 by prompt: the gap in τ, in teacher-forced accuracy at slots 1-3 and in the reference token's NLL,
 each with its paired SE (metrics.paired_ratio_diff). A gap of 2 SE or more is reported as
 measurable. Runs over other prompts or other references are refused: their gap mixes drafter and
@@ -27,7 +28,7 @@ def align(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) -> list[tu
     a, b = {r["id"]: r for r in rows_a}, {r["id"]: r for r in rows_b}
     if a.keys() != b.keys():
         raise CompareError(f"the runs replayed different prompts ({len(a.keys() - b.keys())} only in A, {len(b.keys() - a.keys())} only in B): "
-                           "evaluate both with the same prompts=... and prompts.num_prompts")
+                           "evaluate both with the same prompts=... and prompts.num_prompts, or pass run ids")
     diff = [i for i in a if a[i]["new_tokens"] != b[i]["new_tokens"]]
     if diff:
         raise CompareError(f"{len(diff)} prompts have references of other lengths (e.g. {diff[0]!r}): the runs used other references "
@@ -75,8 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     from dflash import tracking
 
     try:
-        id_a, name_a, rows_a = tracking.load_per_prompt(args.uri, args.run_a)
-        id_b, name_b, rows_b = tracking.load_per_prompt(args.uri, args.run_b)
+        runs_a, runs_b = tracking.find_runs(args.uri, args.run_a), tracking.find_runs(args.uri, args.run_b)
+        for arg, found in ((args.run_a, runs_a), (args.run_b, runs_b)):
+            if not found:
+                raise CompareError(f"no finished run with id or name {arg!r} in {args.uri}; list them with: mlflow ui --backend-store-uri {args.uri}")
+        (id_a, name_a), rows_a = runs_a[0], tracking.load_per_prompt(args.uri, runs_a[0][0])
+        ids_a = {r["id"] for r in rows_a}
+        for id_b, name_b in runs_b:  # the newest B over A's prompts, else the newest (align says why not)
+            rows_b = tracking.load_per_prompt(args.uri, id_b)
+            if {r["id"] for r in rows_b} == ids_a:
+                break
+        else:
+            (id_b, name_b), rows_b = runs_b[0], tracking.load_per_prompt(args.uri, runs_b[0][0])
         pairs = align(rows_a, rows_b)
     except (tracking.TrackingError, CompareError) as e:
         print(f"dflash-compare: error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@
 - Sweeps: every job of one `-m` sweep is a child of one parent run, found by the sweep folder
   tag. Creating the store, the experiment and the parent happens under a file lock, so jobs
   launched in parallel never race. `close_sweep` ends the parent when the sweep ends.
-- `load_per_prompt` reads a finished run back (by id, or the newest finished run of a name) for
+- `find_runs` / `load_per_prompt` read finished evaluation runs back (by id or by run name) for
   `python -m dflash.compare`.
 - `Run` is a context manager: an exception ends the run FAILED (KILLED on Ctrl-C) with the
   error logged, never leaving it RUNNING.
@@ -188,28 +188,30 @@ class TrackingError(ValueError):
     pass
 
 
-def load_per_prompt(uri: str, run: str) -> tuple[str, str, list[dict[str, Any]]]:
-    """A run id, or a run name (the newest FINISHED run of that name) -> (run id, run name, the
-    per-prompt rows its evaluation logged as per_prompt.json)."""
+def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
+    """A run id -> [(id, name)]; a run name -> its FINISHED runs, newest first."""
+    client = _client(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    if not exps:
+        return []
+    found = client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'") if len(run) == 32 and run.isalnum() else []
+    if not found:
+        found = client.search_runs(exps, filter_string=f"attributes.run_name = '{run}' and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"], max_results=limit)
+    return [(r.info.run_id, r.info.run_name) for r in found]
+
+
+def load_per_prompt(uri: str, run_id: str) -> list[dict[str, Any]]:
+    """The per-prompt rows an evaluation run logged as per_prompt.json."""
     import tempfile
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bar on the console
-    client = _client(uri)
-    exps = [e.experiment_id for e in client.search_experiments()]
-    found = client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'") if len(run) == 32 and run.isalnum() else []
-    if not found and exps:
-        found = client.search_runs(exps, filter_string=f"attributes.run_name = '{run}' and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"], max_results=1)
-    if not found:
-        raise TrackingError(f"no finished run with id or name {run!r} in {uri}; list them with: mlflow ui --backend-store-uri {uri}")
-    r = found[0]
     with tempfile.TemporaryDirectory() as d:
         try:
-            path = client.download_artifacts(r.info.run_id, "per_prompt.json", d)
+            path = _client(uri).download_artifacts(run_id, "per_prompt.json", d)
         except Exception as e:
-            raise TrackingError(f"run {r.info.run_id} ({r.info.run_name}) has no per_prompt.json: is it an evaluation run that finished? ({e})") from e
+            raise TrackingError(f"run {run_id} has no per_prompt.json: is it an evaluation run that finished? ({e})") from e
         table = json.loads(Path(path).read_text())
-    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
-    return r.info.run_id, r.info.run_name, rows
+    return [dict(zip(table["columns"], row)) for row in table["data"]]
 
 
 class NoRun:
