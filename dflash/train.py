@@ -31,6 +31,9 @@ checkpoints, metrics file and MLflow run. Checkpoints: `<out_dir>/<variant>/step
 step, weights-only bf16 HF folders `<export_dir>/<variant>/step_<N>/` (what checkpoints/ holds).
 A run resumes from the latest checkpoint.pt of its folder; batches and anchors are a function of
 (seed, step), so a resumed run sees what an uninterrupted one would have.
+
+Throughput: `tokens_per_s` is a variant's labelled tokens over its own time (its step plus its
+share of the target forward); `wall_s_per_step` is the wall clock of the whole loop per step.
 """
 
 from __future__ import annotations
@@ -528,6 +531,7 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
     start = min(rs.step for rs in runs)
     B = int(cfg.drafter.block_size)
     window = {rs.variant.name: None for rs in runs}
+    wall_mark = {rs.variant.name: (time.time(), rs.step) for rs in runs}  # wall clock of the whole loop
     summaries: dict[str, dict[str, Any]] = {}
     try:
         for step in range(start, total):
@@ -550,6 +554,8 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
             with torch.no_grad():
                 attn = (torch.arange(ids.shape[1], device=device)[None] < seq_lens[:, None]).long()
                 hidden = forward(target, ids, attention_mask=attn, hidden_states=True).hidden_states
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # else the forward's GPU time lands outside every timer
             t_target = time.time() - t0
             lr = lr_at(step, total, int(o.warmup_steps), float(o.lr), float(o.min_lr_ratio))
             for rs in runs:
@@ -576,11 +582,14 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None, log=print) -> 
                 if rs.step % int(cfg.metrics_every) == 0 or rs.step == total:
                     s = _summarise(w, B)
                     s.update(loss_avg=w["loss"] / w["n"], tokens_per_s=w["tokens"] / max(w["time"], 1e-9), wall_time_s=rs.time, train_tokens=rs.tokens)
+                    t_mark, s_mark = wall_mark[rs.variant.name]
+                    s["wall_s_per_step"] = (time.time() - t_mark) / max(rs.step - s_mark, 1)  # all variants, data and logging included
+                    wall_mark[rs.variant.name] = (time.time(), rs.step)
                     if rs.variant.bugs.noisy_labels:
                         s["label_flip_rate"] = w["flip"] / w["n"]
                     tr.log(rs.step, s)
                     summaries[rs.variant.name] = {"step": rs.step, **s}
-                    log(f"[{rs.variant.name}] step {rs.step}/{total} loss {s['loss_avg']:.3f} acc {s['acc']:.3f} acc_1 {s['acc_1']:.3f} tf_tau {s['tf_expected_tau']:.2f} lr {lr:.2e} {s['tokens_per_s']:.0f} tok/s")
+                    log(f"[{rs.variant.name}] step {rs.step}/{total} loss {s['loss_avg']:.3f} acc {s['acc']:.3f} acc_1 {s['acc_1']:.3f} tf_tau {s['tf_expected_tau']:.2f} lr {lr:.2e} {s['tokens_per_s']:.0f} tok/s {s['wall_s_per_step'] * 1e3:.0f} ms/step wall")
                     window[rs.variant.name] = None
                 if rs.step % int(cfg.save_every) == 0 or rs.step == total or rs.step in set(cfg.export_steps or []):
                     save_checkpoint(rs, cfg, {"tokens": rs.tokens, "time": rs.time})

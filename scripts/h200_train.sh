@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # How the shipped drafters were trained: the lent H200 (device tool, README "Training"), in phases,
 # one per device call, since one call carries at most 64 MiB and runs at most 10 minutes.
-#   setup  install the carried wheels (.whl) and keep the first GGUF part (.gguf/p_aa)
+#   setup  install the carried wheels (.whl), keep the GGUF part(s) carried (.gguf/p_aa, p_ab), restore
+#          a carried state (.gpu/state/state.tgz: data cache and checkpoint.pt, from PACK_STATE=1)
 #   train  join the GGUF parts, check them, train (or resume) all variants in lockstep until
-#          MAX_MIN minutes, then pack the exported weights and metrics into $OUT
+#          MAX_MIN minutes, then pack the exported weights and metrics into $OUT (PACK_STATE=1: also
+#          the training data and the last checkpoint.pt of each variant, ~50 MB for one variant)
+# A resume on a fresh machine: call 1 setup carrying .whl and .gpu (state.tgz inside), call 2 setup
+# carrying .gguf/p_aa, call 3 train carrying .gguf/p_ab and .gpu/train_prompts.jsonl (each call within
+# 30 s of the last: the device tool gives the machine back after 30 s idle).
 #   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT;
 #          drafters carried in .gpu/ck*/<variant>/step_<N> join /root/ckpt first; BENCH=1 adds
 #          python -m dflash.bench device=cuda (stage times and the online speedup)
@@ -17,14 +22,20 @@ PHASE=$1
 G=/root/g; GGUF=$G/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p $G
+join_gguf() {  # keep whichever GGUF parts this call carried; join them once both are here
+  for f in .gguf/p_a?; do [ -f $f ] && cp $f $G/; done
+  if [ ! -f $GGUF ] && [ -f $G/p_aa ] && [ -f $G/p_ab ]; then cat $G/p_aa $G/p_ab > $GGUF && rm $G/p_a?; fi
+  return 0
+}
 case $PHASE in
 setup)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .gguf/p_aa $G/ ; for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  join_gguf
+  for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
+  for f in .gpu/state/*.tgz; do [ -f $f ] && tar xzf $f -C /root && echo "restored $f"; done
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
 train)
-  if [ ! -f $GGUF ]; then cp .gguf/p_ab $G/; cat $G/p_aa $G/p_ab > $GGUF; rm $G/p_a?; fi
-  echo "$SHA  $GGUF" | sha256sum -c
+  join_gguf; echo "$SHA  $GGUF" | sha256sum -c
   python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution]}" \
     optim.steps=${STEPS} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa \
     data.prompts_path=.gpu/train_prompts.jsonl data.gen_batch_size=${GEN_BS:-1024} \
@@ -40,10 +51,14 @@ train)
     f=$OUT/$(echo $d | tr / _).tgz; tar czf $f $d
     if [ $(du -cm $OUT/*.tgz | tail -1 | cut -f1) -gt 60 ]; then rm $f; echo "NOT BROUGHT BACK (over 60 MiB): $d"; fi
   done
+  if [ "${PACK_STATE:-0}" = 1 ]; then  # what a later machine needs to resume: the data, the last checkpoint.pt
+    st="cache/train_data"; for v in runs/*; do st="$st $(ls -d $v/step_* 2>/dev/null | sort -t_ -k2 -n | tail -1)"; done
+    tar czf $OUT/state.tgz $st
+    if [ $(du -cm $OUT/*.tgz | tail -1 | cut -f1) -gt 60 ]; then rm $OUT/state.tgz; echo "NOT BROUGHT BACK (over 60 MiB): state"; fi
+  fi
   ls -la $OUT ;;
 eval)
-  if [ ! -f $GGUF ]; then cp .gguf/p_ab $G/; cat $G/p_aa $G/p_ab > $GGUF; rm $G/p_a?; fi
-  echo "$SHA  $GGUF" | sha256sum -c
+  join_gguf; echo "$SHA  $GGUF" | sha256sum -c
   for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
   for v in fixed noisy_labels final_layer loss_dilution; do
     python3 evaluate.py target.path=$GGUF drafter=$v drafter.run_dir=/root/ckpt/$v device=cuda \

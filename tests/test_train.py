@@ -244,6 +244,7 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
         assert (run / "step_2" / "checkpoint.pt").is_file() and (run / "step_4" / "checkpoint.pt").is_file()
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert {"loss", "lr", "tokens_per_s"} <= set(rows[0]) and any("acc_1" in r for r in rows)
+        assert all(r["wall_s_per_step"] > 0 for r in rows if "acc_1" in r)
         for step in (2, 4):  # exported weights-only folders load as kind=training
             ld = load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=step)
             assert ld.step == step
