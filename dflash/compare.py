@@ -3,7 +3,8 @@
 Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: A is the newest
 finished run of its name, B the newest of its name over A's prompts) that replayed the same
 prompts against the same references are compared prompt
-by prompt: the gap in τ, in teacher-forced accuracy at slots 1-3 and in the reference token's NLL,
+by prompt: the gap in τ, in teacher-forced accuracy at slots 1-3 and (both run with scores=true) in
+the reference token's NLL,
 each with its paired SE (metrics.paired_ratio_diff). A gap of 2 SE or more is reported as
 measurable. Runs over other prompts or other references are refused: their gap mixes drafter and
 data. Reads MLflow through dflash.tracking only; exits 2 with a message on bad input.
@@ -54,7 +55,8 @@ def compare(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str
         out += [row(f"acceptance_length/{s}", [p for p in pairs if p[0]["subset"] == s], lambda r: r["committed"], lambda r: r["steps"]) for s in subsets]
     for k in range(3):
         out.append(row(f"accuracy/pos_{k + 1:02d}", pairs, lambda r, k=k: r["tf_correct"][k], lambda r, k=k: r["tf_total"][k]))
-    out.append(row("nll_mean", pairs, lambda r: r["tf_nll"], lambda r: sum(r["tf_total"])))
+    if all(x.get("tf_nll") is not None and y.get("tf_nll") is not None for x, y in pairs):  # both ran with scores=true
+        out.append(row("nll_mean", pairs, lambda r: r["tf_nll"], lambda r: sum(r["tf_total"])))
     return out
 
 

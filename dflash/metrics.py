@@ -8,14 +8,14 @@ Conventions (named here, logged under these names):
 - `accept_rate_cond/pos_k`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B).
 - `accuracy/pos_k`: teacher-forced, slot k right whatever the earlier slots, over every anchor.
 - `expected_acceptance_length`: 1 + Σ_k Π_{i<=k} accuracy_i.
-- `nll_mean` (± `nll_mean_se`), `nll/pos_k`: teacher-forced mean -log p of the reference token
-  (nats) over every anchor: the evaluation twin of the training loss, a proper score with far less variance than τ.
+- With `scores=true` only: `nll_mean` (± `nll_mean_se`), `nll/pos_k`: teacher-forced mean -log p of the reference token
+  (nats) over every anchor: the training loss's cross-entropy, unweighted, on evaluation prompts.
   `confidence/pos_k`: mean top-1 probability; `overconfidence`: mean confidence - accuracy over
-  all slots (> 0: sure of wrong drafts; < 0: right but unsure, as after training on noisy labels).
+  all slots (> 0: surer than it is right).
 - `acceptance_length_se`: standard error of τ with prompts as the sampling unit (steps within a
   prompt are not independent): the delta-method SE of a ratio of sums. Two drafters evaluated on the
-  same prompts: `paired_ratio_diff` gives the SE of their τ gap, far smaller than either τ's SE
-  since what is hard about a prompt is hard for both (`python -m dflash.compare`).
+  same prompts: `paired_ratio_diff` gives the SE of their τ gap, smaller than either τ's SE since
+  what is hard about a prompt is hard for both (`python -m dflash.compare`).
 """
 
 from __future__ import annotations
@@ -98,6 +98,11 @@ def accuracy(c: Counters) -> list[float]:
     return [_div(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
 
 
+def scored(c: Counters) -> bool:
+    """Whether NLL and confidence were counted (replay with `scores`): a probability is never 0."""
+    return sum(c.tf_conf) > 0
+
+
 def nll(c: Counters) -> list[float]:
     return [_div(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
 
@@ -126,19 +131,21 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
         "mean_accepted": _div(total.accepted, total.steps),
         "expected_acceptance_length": expected_acceptance_length(acc),
         "draft_acceptance_rate": _div(total.accepted, total.drafted),
-        "nll_mean": _div(sum(total.tf_nll), sum(total.tf_total)),
-        "nll_mean_se": ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt]),
-        "overconfidence": _div(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total)),
         "steps": float(total.steps),
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
-    for k, (r, rc, a, l, cf) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc, nll(total), confidence(total)), start=1):
+    for k, (r, rc, a) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc), start=1):
         m[f"accept_rate/pos_{k:02d}"] = r
         m[f"accept_rate_cond/pos_{k:02d}"] = rc
         m[f"accuracy/pos_{k:02d}"] = a
-        m[f"nll/pos_{k:02d}"] = l
-        m[f"confidence/pos_{k:02d}"] = cf
+    if scored(total):
+        m["nll_mean"] = _div(sum(total.tf_nll), sum(total.tf_total))
+        m["nll_mean_se"] = ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt])
+        m["overconfidence"] = _div(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total))
+        for k, (l, cf) in enumerate(zip(nll(total), confidence(total)), start=1):
+            m[f"nll/pos_{k:02d}"] = l
+            m[f"confidence/pos_{k:02d}"] = cf
     for c_, n in enumerate(total.commit_hist):
         m[f"commit_hist/{c_:02d}"] = float(n)
     for subset in sorted({s for s, _ in per_prompt}):

@@ -17,7 +17,7 @@ import torch
 
 from dflash.checkpoint import CheckpointError, LoadedDrafter, load_drafter
 from dflash.drafter import ATTENTION_BACKENDS
-from dflash.metrics import Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, confidence, nll, summarize
+from dflash.metrics import Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, confidence, nll, scored, summarize
 from dflash.prompts import Prompt, PromptError, load_prompts, render
 from dflash.references import ReferenceError, get_references
 from dflash.replay import Block, evaluate_sequence
@@ -146,19 +146,21 @@ def run(cfg: dict[str, Any]) -> EvalResult:
             taps = tapped_forward(target, torch.tensor([x + r], device=target.device), layer_ids)[0]  # [T, n*H]
         with timed(timings, "replay"):
             t0 = time.perf_counter()
-            c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk)
+            c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, scores=bool(cfg.get("scores")))
             c.wall_s = time.perf_counter() - t0
         per_prompt.append((p.subset, c))
         if cfg.get("leak_probe"):
             with timed(timings, "leak_probe"):
                 leak.append((p.subset, evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]))
         rows.append({"id": p.id, "subset": p.subset, "prompt_tokens": len(x), "new_tokens": c.new_tokens, "steps": c.steps, "committed": c.committed, "acceptance_length": acceptance_length(c),
-                     "tf_correct": c.tf_correct, "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll)})
+                     "tf_correct": c.tf_correct, "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll) if scored(c) else None})
         if i < int(cfg.get("num_samples", 3)):
             samples.append(sample_record(target, p, x, r, blocks))
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
-    curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total), "nll": nll(total), "confidence": confidence(total)}
+    curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total)}
+    if scored(total):
+        curves.update(nll=nll(total), confidence=confidence(total))
     if leak:
         lm = summarize(leak)
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]

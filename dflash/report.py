@@ -17,12 +17,13 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         lines.append("τ per subset: " + "   ".join(f"{s} {m[f'acceptance_length/{s}']:.3f}" for s in subsets))
     if "leak_probe/acceptance_length" in m:
         lines.append(f"leak probe: τ with the anchor's own feature visible {m['leak_probe/acceptance_length']:.3f} (gain {m['leak_probe/tau_gain']:+.3f})")
-    lines.append(f"NLL of the reference token (tf, nats): {m['nll_mean']:.3f} ± {m['nll_mean_se']:.3f}   overconfidence (confidence - accuracy): {m['overconfidence']:+.3f}")
-    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)   nll(tf)  confidence")
     cv = res.curves
-    for k, row in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"], cv["nll"], cv["confidence"]), start=1):
-        a, c, t, l, cf = row
-        lines.append(f"{k:>3}   {a:>11.3f}  {c:>12.3f}  {t:>12.3f}  {l:>8.3f}  {cf:>10.3f}")
+    if "nll" in cv:
+        lines.append(f"NLL of the reference token (tf, nats): {m['nll_mean']:.3f} ± {m['nll_mean_se']:.3f}   overconfidence (confidence - accuracy): {m['overconfidence']:+.3f}")
+    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)" + ("   nll(tf)  confidence" if "nll" in cv else ""))
+    for k, (a, c, t) in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"]), start=1):
+        scores = f"  {cv['nll'][k - 1]:>8.3f}  {cv['confidence'][k - 1]:>10.3f}" if "nll" in cv else ""
+        lines.append(f"{k:>3}   {a:>11.3f}  {c:>12.3f}  {t:>12.3f}{scores}")
     ref = info["references"]
     lines.append(
         f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "

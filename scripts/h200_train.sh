@@ -22,20 +22,24 @@ PHASE=$1
 G=/root/g; GGUF=$G/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p $G
-join_gguf() {  # keep whichever GGUF parts this call carried; join them once both are here
+stage() {  # keep whichever GGUF parts this call carried (join them once both are here), carried drafters
   for f in .gguf/p_a?; do [ -f $f ] && cp $f $G/; done
   if [ ! -f $GGUF ] && [ -f $G/p_aa ] && [ -f $G/p_ab ]; then cat $G/p_aa $G/p_ab > $GGUF && rm $G/p_a?; fi
+  for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
   return 0
+}
+pack() {  # pack paths into $OUT/$1.tgz unless $OUT would pass 60 MiB (the device tool brings back ~64)
+  local f=$OUT/$1.tgz; shift; tar czf $f "$@"
+  if [ $(du -cm $OUT/*.tgz | tail -1 | cut -f1) -gt 60 ]; then rm $f; echo "NOT BROUGHT BACK (over 60 MiB): $*"; fi
 }
 case $PHASE in
 setup)
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  join_gguf
-  for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
+  stage
   for f in .gpu/state/*.tgz; do [ -f $f ] && tar xzf $f -C /root && echo "restored $f"; done
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
 train)
-  join_gguf; echo "$SHA  $GGUF" | sha256sum -c
+  stage; echo "$SHA  $GGUF" | sha256sum -c
   python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution]}" \
     optim.steps=${STEPS} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa \
     data.prompts_path=.gpu/train_prompts.jsonl data.gen_batch_size=${GEN_BS:-1024} \
@@ -46,20 +50,14 @@ train)
   else sel=$(ls -d ckpt/*/step_* 2>/dev/null | grep -E "${KEEP}" || true); fi
   # one archive per step folder, metrics first, so a file the device tool leaves out (it brings back
   # about 64 MiB a call) costs that folder only; folders past the limit are named, not packed
-  tar czf $OUT/metrics.tgz runs/*/metrics.jsonl runs/*/params.json $(ls runs/*/summary.json 2>/dev/null)
-  for d in $sel; do
-    f=$OUT/$(echo $d | tr / _).tgz; tar czf $f $d
-    if [ $(du -cm $OUT/*.tgz | tail -1 | cut -f1) -gt 60 ]; then rm $f; echo "NOT BROUGHT BACK (over 60 MiB): $d"; fi
-  done
+  pack metrics runs/*/metrics.jsonl runs/*/params.json $(ls runs/*/summary.json 2>/dev/null)
+  for d in $sel; do pack $(echo $d | tr / _) $d; done
   if [ "${PACK_STATE:-0}" = 1 ]; then  # what a later machine needs to resume: the data, the last checkpoint.pt
-    st="cache/train_data"; for v in runs/*; do st="$st $(ls -d $v/step_* 2>/dev/null | sort -t_ -k2 -n | tail -1)"; done
-    tar czf $OUT/state.tgz $st
-    if [ $(du -cm $OUT/*.tgz | tail -1 | cut -f1) -gt 60 ]; then rm $OUT/state.tgz; echo "NOT BROUGHT BACK (over 60 MiB): state"; fi
+    pack state cache/train_data $(for v in runs/*; do ls -d $v/step_* 2>/dev/null | sort -t_ -k2 -n | tail -1; done)
   fi
   ls -la $OUT ;;
 eval)
-  join_gguf; echo "$SHA  $GGUF" | sha256sum -c
-  for c in .gpu/ck*; do [ -d $c ] && mkdir -p /root/ckpt && cp -r $c/* /root/ckpt/; done
+  stage; echo "$SHA  $GGUF" | sha256sum -c
   for v in fixed noisy_labels final_layer loss_dilution; do
     python3 evaluate.py target.path=$GGUF drafter=$v drafter.run_dir=/root/ckpt/$v device=cuda \
       tracking.enabled=false cache_dir=/root/cache leak_probe=${LEAK:-false} 2>&1 | tee $OUT/eval_$v.log | tail -25

@@ -44,6 +44,8 @@ def test_compare_rows_and_subsets():
     assert {"acceptance_length", "acceptance_length/x", "acceptance_length/y", "accuracy/pos_01", "nll_mean"} <= out.keys()
     assert out["acceptance_length"]["diff"] > 0 and out["acceptance_length"]["z"] > 2
     assert out["nll_mean"]["a"] == pytest.approx(4.0) and out["nll_mean"]["diff"] == pytest.approx(0.0)
+    unscored = [{**r, "tf_nll": None} for r in _rows(2)]  # a run without scores=true: no NLL row
+    assert "nll_mean" not in {r["metric"] for r in compare(align(unscored, _rows(2)))}
 
 
 def test_other_prompts_or_references_are_refused():

@@ -302,7 +302,8 @@ def test_replay_scores_are_the_drafters_own_distribution(qwen3_target, make_draf
     T, P = 14, 5
     seq = torch.randint(3, 240, (T,), generator=torch.Generator().manual_seed(4))
     taps = tapped_forward(qwen3_target, seq[None], drafter.cfg.target_layer_ids)[0]
-    props, nll, conf = draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3)
+    props, nll, conf = draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3, scores=True)
+    assert torch.equal(draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3)[0], props)  # scores change no draft
     assert props.shape == nll.shape == conf.shape == (T - 1 - P, B - 1)
     for i, p in enumerate(range(P, T - 1)):
         block = torch.full((1, 1, B), MASK_ID)

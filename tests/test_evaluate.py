@@ -67,7 +67,7 @@ def test_default_evaluation_logs_everything(tmp_path):
 
 
 def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
-    r = evaluate(tmp_path, "-m", "drafter.step=1633,5037", *FAST)  # two steps of the shipped fixed run
+    r = evaluate(tmp_path, "-m", "drafter.step=1633,5037", "scores=true", *FAST)  # two steps of the shipped fixed run
     assert r.returncode == 0, r.stderr[-3000:]
     all_runs = runs(tmp_path)
     parents = [x for x in all_runs if x.data.tags.get("dflash.role") == "sweep"]
@@ -84,6 +84,9 @@ def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
     line = next(x for x in cmp.stdout.splitlines() if x.startswith("acceptance_length "))
     a, b, d = (float(v) for v in line.split()[1:4])
     assert (a, b) == pytest.approx((tau["fixed@step_1633"], tau["fixed@step_5037"]), abs=6e-4) and d == pytest.approx(b - a, abs=2e-3)
+    nll = {k.info.run_name: k.data.metrics["nll_mean"] for k in kids}  # scores=true: NLL logged and compared
+    line = next(x for x in cmp.stdout.splitlines() if x.startswith("nll_mean "))
+    assert [float(v) for v in line.split()[1:3]] == pytest.approx([nll["fixed@step_1633"], nll["fixed@step_5037"]], abs=6e-4)
     missing = subprocess.run([sys.executable, "-m", "dflash.compare", "fixed@step_1633", "nope@step_1"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert missing.returncode == 2 and "no finished run with id or name 'nope@step_1'" in missing.stderr
 

@@ -77,6 +77,7 @@ def test_summarize_micro_macro_and_subsets():
     assert m["acceptance_length/x"] == 4 and m["acceptance_length/y"] == 1
     assert m["mean_accepted"] == 0  # no accepted drafts were counted
     assert {f"accept_rate/pos_{k:02d}" for k in (1, 2, 3)} <= m.keys()
+    assert "nll_mean" not in m and "confidence/pos_01" not in m  # counted only with scores=true
 
 
 def test_ratio_se_is_zero_for_equal_prompts_and_shrinks_with_more_of_them():
