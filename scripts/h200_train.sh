@@ -12,7 +12,7 @@
 #   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT;
 #          drafters carried in .gpu/ck*/<variant>/step_<N> join /root/ckpt first; BENCH=1 adds
 #          python -m dflash.bench device=cuda (stage times and the online speedup)
-# Env: STEPS (schedule length), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
+# Env: STEPS (schedule length), NOISE (optim.noise_std, default 0.3), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
 # "last" or a regex of folder paths, e.g. "fixed/step_(2000|4000)$|step_6000$"; ~9 fit in one call),
 # VARIANTS ("[noisy_labels]": retrain some; batches and noise depend on (seed, step) only, so a variant
 # trained alone sees what it saw in lockstep), STOP_AFTER (stop and export at this step, the schedule
@@ -41,7 +41,7 @@ setup)
 train)
   stage; echo "$SHA  $GGUF" | sha256sum -c
   python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution]}" \
-    optim.steps=${STEPS} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa \
+    optim.steps=${STEPS} optim.warmup_steps=150 optim.noise_std=${NOISE:-0.3} optim.attention=sdpa \
     data.prompts_path=.gpu/train_prompts.jsonl data.gen_batch_size=${GEN_BS:-1024} \
     tracking.enabled=false out_dir=/root/runs export_dir=/root/ckpt "export_steps=${EXPORTS:-[]}" \
     save_every=100000 cache_dir=/root/cache max_minutes=${MAX_MIN} stop_after=${STOP_AFTER:-null} 2>&1 | tee $OUT/train.log
