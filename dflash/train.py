@@ -233,6 +233,24 @@ def greedy_labels_from_hidden(target: Any, last_hidden: Tensor, anchors: Tensor,
     return torch.cat([torch.full_like(lab[..., :1], -1), lab], dim=-1)
 
 
+@torch.no_grad()
+def label_flip_stats(target: Any, last_hidden: Tensor, std: float, normed: bool, draws: int = 32, gen: torch.Generator | None = None) -> dict[str, float]:
+    """What bug 1 does to the labels at noise `std`, over positions last_hidden [N, H] (final layer):
+    flip_rate, the share of noisy greedy labels that differ from the clean ones (what training logs);
+    majority_flip_rate, the share of positions whose most frequent noisy label over `draws` draws is
+    not the clean one: there, a drafter trained on these labels learns another token than the
+    target's; majority_flip_rate_confident, the same over positions where the target's top-1
+    probability is > 0.5, the positions a drafter can get right."""
+    head = (lambda h: target.lm_head(h)) if normed else (lambda h: target.lm_head(target.model.model.norm(h)))
+    logits = head(last_hidden).float()  # [N, V]
+    clean, confident = logits.argmax(-1), logits.softmax(-1).amax(-1) > 0.5  # [N]
+    noisy = torch.stack([head(noised(last_hidden, std, gen)).argmax(-1) for _ in range(draws)])  # [draws, N]
+    majority = noisy.mode(0).values != clean  # [N]
+    return {"flip_rate": float((noisy != clean).float().mean()), "majority_flip_rate": float(majority.float().mean()),
+            "majority_flip_rate_confident": float(majority[confident].float().mean()) if bool(confident.any()) else float("nan"),
+            "confident_share": float(confident.float().mean())}
+
+
 def position_weights(B: int, gamma: float, device=None) -> Tensor:
     """[B]: 0 for the anchor slot, exp(-(k-1)/gamma) for slot k >= 1."""
     k = torch.arange(B, device=device, dtype=torch.float32)

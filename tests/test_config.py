@@ -183,3 +183,21 @@ def test_train_config_composes(target):
     assert "hydra" not in c
     with pytest.raises(Exception):
         _compose("train", overrides + ["optim.steps=abc"])
+
+
+def test_shipped_drafters_exist_and_fit_the_budget():
+    """Every drafter option that points into checkpoints/ has its step folders (weights + config, the
+    step the option names), and checkpoints/ holds at most 40 MB in all (issue 3's budget)."""
+    root = CONF.parent / "checkpoints"
+    for opt in _options("drafter"):
+        d = OmegaConf.load(CONF / "drafter" / f"{opt}.yaml")
+        if d.get("kind") != "training" or not str(d.get("run_dir", "")).startswith("checkpoints/"):
+            continue
+        steps = sorted((CONF.parent / d.run_dir).glob("step_*"))
+        assert steps, f"drafter={opt}: no step folder under {d.run_dir}"
+        for s in steps:
+            assert (s / "config.json").is_file() and (s / "model.safetensors").is_file(), s
+        if d.get("step") is not None:
+            assert (CONF.parent / d.run_dir / f"step_{d.step}").is_dir(), f"drafter={opt}: step {d.step} not shipped"
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    assert 0 < size <= 40e6, f"checkpoints/ holds {size / 1e6:.1f} MB, over 40"

@@ -338,3 +338,13 @@ def test_sequences_regenerated_and_cached(target, tmp_path):
         assert len(list((tmp_path / "train_data").iterdir())) == 2  # another dtype: other labels, another key
     finally:
         target.tokenizer = None
+
+
+def test_label_flip_stats_measure_what_bug1_does_to_the_labels(target, seqs):
+    """No noise flips nothing; more noise flips more; a position flips its majority only if >= half its draws flip."""
+    h = torch.cat([forward(target, torch.tensor([s.ids]), hidden_states=True).hidden_states[-1][0, s.prompt_len - 1 : -1] for s in seqs])
+    normed = T._last_hidden_is_normed(target)
+    stats = [T.label_flip_stats(target, h, std, normed, draws=16, gen=torch.Generator().manual_seed(0)) for std in (0.0, 0.3, 1.0)]
+    assert stats[0]["flip_rate"] == 0 and stats[0]["majority_flip_rate"] == 0
+    assert 0 < stats[1]["flip_rate"] < stats[2]["flip_rate"] and stats[1]["majority_flip_rate"] <= stats[2]["majority_flip_rate"]
+    assert all(s["majority_flip_rate"] <= 2 * s["flip_rate"] + 1e-9 for s in stats)
