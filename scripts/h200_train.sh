@@ -12,7 +12,7 @@
 #   eval   evaluate every exported drafter on the GPU (evaluate.py device=cuda), reports to $OUT;
 #          drafters carried in .gpu/ck*/<variant>/step_<N> join /root/ckpt first; BENCH=1 adds
 #          python -m dflash.bench device=cuda (stage times and the online speedup)
-# Env: STEPS (schedule length), NOISE (optim.noise_std, default 0.3), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
+# Env: STEPS (schedule length), NOISE (optim.noise_std, default 0.3; 0.7 for the noise07 pair), MAX_MIN, EXPORTS ("[1000,3000]"), KEEP (step folders to bring back:
 # "last" or a regex of folder paths, e.g. "fixed/step_(2000|4000)$|step_6000$"; ~9 fit in one call),
 # VARIANTS ("[noisy_labels]": retrain some; batches and noise depend on (seed, step) only, so a variant
 # trained alone sees what it saw in lockstep), STOP_AFTER (stop and export at this step, the schedule
