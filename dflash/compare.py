@@ -1,8 +1,8 @@
 """Entry point: `python -m dflash.compare RUN_A RUN_B [--uri URI]`: is B better or worse than A?
 
-Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: A is the newest
-finished run of its name, B the newest of its name over A's prompts) that replayed the same
-prompts against the same references are compared prompt
+Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: the newest finished
+runs of those names that replayed the same prompts) that replayed the same prompts against the
+same references are compared prompt
 by prompt: the gap in τ, in teacher-forced accuracy at slots 1-3 and (both run with scores=true) in
 the reference token's NLL,
 each with its paired SE (metrics.paired_ratio_diff). A gap of 2 SE or more is reported as
@@ -82,15 +82,19 @@ def main(argv: list[str] | None = None) -> int:
         for arg, found in ((args.run_a, runs_a), (args.run_b, runs_b)):
             if not found:
                 raise CompareError(f"no finished run with id or name {arg!r} in {args.uri}; list them with: mlflow ui --backend-store-uri {args.uri}")
-        (id_a, name_a), rows_a = runs_a[0], tracking.load_per_prompt(args.uri, runs_a[0][0])
-        ids_a = {r["id"] for r in rows_a}
-        for id_b, name_b in runs_b:  # the newest B over A's prompts, else the newest (align says why not)
-            rows_b = tracking.load_per_prompt(args.uri, id_b)
-            if {r["id"] for r in rows_b} == ids_a:
-                break
-        else:
-            (id_b, name_b), rows_b = runs_b[0], tracking.load_per_prompt(args.uri, runs_b[0][0])
-        pairs = align(rows_a, rows_b)
+        rows: dict[str, list[dict[str, Any]]] = {}
+
+        def per_prompt(run_id: str) -> list[dict[str, Any]]:
+            if run_id not in rows:
+                rows[run_id] = tracking.load_per_prompt(args.uri, run_id)
+            return rows[run_id]
+
+        def same_prompts(a: tuple[str, str], b: tuple[str, str]) -> bool:
+            return {r["id"] for r in per_prompt(a[0])} == {r["id"] for r in per_prompt(b[0])}
+
+        # the newest pair over the same prompts, else the two newest (align then says why not)
+        (id_a, name_a), (id_b, name_b) = next(((a, b) for a in runs_a for b in runs_b if same_prompts(a, b)), (runs_a[0], runs_b[0]))
+        pairs = align(per_prompt(id_a), per_prompt(id_b))
     except (tracking.TrackingError, CompareError) as e:
         print(f"dflash-compare: error: {e}", file=sys.stderr)
         return 2

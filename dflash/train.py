@@ -220,6 +220,11 @@ def noised(x: Tensor, std: float, gen: torch.Generator | None = None) -> Tensor:
     return (x.float() + std * rms * eps).to(x.dtype)
 
 
+def logits_from_last(target: Any, h: Tensor, normed: bool) -> Tensor:
+    """The target's logits from final-layer states h [..., H] (`normed`: already through the final norm)."""
+    return target.lm_head(h if normed else target.model.model.norm(h))
+
+
 def greedy_labels_from_hidden(target: Any, last_hidden: Tensor, anchors: Tensor, B: int, normed: bool) -> Tensor:
     """Labels of slot k = argmax of the target's logits at p + k - 1 computed from `last_hidden`
     (the final layer's state; `normed`: already through the final norm) -> [S, N, B] (slot 0: -1)."""
@@ -227,10 +232,17 @@ def greedy_labels_from_hidden(target: Any, last_hidden: Tensor, anchors: Tensor,
     k = torch.arange(1, B, device=anchors.device)
     pos = (anchors[..., None] + k - 1).clamp(max=L - 1)  # [S, N, B-1]
     h = torch.gather(last_hidden, 1, pos.reshape(S, -1, 1).expand(-1, -1, H))
-    if not normed:
-        h = target.model.model.norm(h)
-    lab = target.lm_head(h).argmax(-1).view(S, *pos.shape[1:])
+    lab = logits_from_last(target, h, normed).argmax(-1).view(S, *pos.shape[1:])
     return torch.cat([torch.full_like(lab[..., :1], -1), lab], dim=-1)
+
+
+@torch.no_grad()
+def response_last_hidden(target: Any, seqs: list[Any]) -> Tensor:
+    """Final-layer states at every position whose next token is a response token of seqs
+    (dflash.data.Sequence) -> [N, H]."""
+    from dflash.target import forward
+
+    return torch.cat([forward(target, torch.tensor([s.ids], device=target.device), hidden_states=True).hidden_states[-1][0, s.prompt_len - 1 : -1] for s in seqs])
 
 
 @torch.no_grad()
@@ -241,10 +253,9 @@ def label_flip_stats(target: Any, last_hidden: Tensor, std: float, normed: bool,
     not the clean one: there, a drafter trained on these labels learns another token than the
     target's; majority_flip_rate_confident, the same over positions where the target's top-1
     probability is > 0.5, the positions a drafter can get right."""
-    head = (lambda h: target.lm_head(h)) if normed else (lambda h: target.lm_head(target.model.model.norm(h)))
-    logits = head(last_hidden).float()  # [N, V]
+    logits = logits_from_last(target, last_hidden, normed).float()  # [N, V]
     clean, confident = logits.argmax(-1), logits.softmax(-1).amax(-1) > 0.5  # [N]
-    noisy = torch.stack([head(noised(last_hidden, std, gen)).argmax(-1) for _ in range(draws)])  # [draws, N]
+    noisy = torch.stack([logits_from_last(target, noised(last_hidden, std, gen), normed).argmax(-1) for _ in range(draws)])  # [draws, N]
     majority = noisy.mode(0).values != clean  # [N]
     return {"flip_rate": float((noisy != clean).float().mean()), "majority_flip_rate": float(majority.float().mean()),
             "majority_flip_rate_confident": float(majority[confident].float().mean()) if bool(confident.any()) else float("nan"),

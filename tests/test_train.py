@@ -342,7 +342,8 @@ def test_sequences_regenerated_and_cached(target, tmp_path):
 
 def test_label_flip_stats_measure_what_bug1_does_to_the_labels(target, seqs):
     """No noise flips nothing; more noise flips more; a position flips its majority only if >= half its draws flip."""
-    h = torch.cat([forward(target, torch.tensor([s.ids]), hidden_states=True).hidden_states[-1][0, s.prompt_len - 1 : -1] for s in seqs])
+    h = T.response_last_hidden(target, seqs)
+    assert h.shape == (sum(len(s.ids) - s.prompt_len for s in seqs), H)
     normed = T._last_hidden_is_normed(target)
     stats = [T.label_flip_stats(target, h, std, normed, draws=16, gen=torch.Generator().manual_seed(0)) for std in (0.0, 0.3, 1.0)]
     assert stats[0]["flip_rate"] == 0 and stats[0]["majority_flip_rate"] == 0
