@@ -32,8 +32,7 @@ WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")
 
 
-class CheckpointError(ValueError):
-    pass
+from dflash.errors import CheckpointError
 
 
 @dataclass

@@ -17,10 +17,11 @@ import os
 import sys
 from typing import Any
 
+from dflash.errors import UserError
 from dflash.metrics import paired_ratio_diff
 
 
-class CompareError(ValueError):
+class CompareError(UserError):
     pass
 
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         # the newest pair over the same prompts, else the two newest (align then says why not)
         (id_a, name_a), (id_b, name_b) = next(((a, b) for a in runs_a for b in runs_b if same_prompts(a, b)), (runs_a[0], runs_b[0]))
         pairs = align(per_prompt(id_a), per_prompt(id_b))
-    except (tracking.TrackingError, CompareError) as e:
+    except UserError as e:
         print(f"dflash-compare: error: {e}", file=sys.stderr)
         return 2
     print(render(f"{name_a} ({id_a[:8]})", f"{name_b} ({id_b[:8]})", len(pairs), compare(pairs)))

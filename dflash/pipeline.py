@@ -15,20 +15,20 @@ from typing import Any, Iterator
 
 import torch
 
-from dflash.checkpoint import CheckpointError, LoadedDrafter, load_drafter
+from dflash.checkpoint import LoadedDrafter, load_drafter
 from dflash.drafter import ATTENTION_BACKENDS
 from dflash.metrics import Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, confidence, nll, scored, summarize
-from dflash.prompts import Prompt, PromptError, load_prompts, render
-from dflash.references import ReferenceError, get_references
+from dflash.errors import PromptError
+from dflash.prompts import Prompt, load_prompts, render
+from dflash.references import get_references
 from dflash.replay import Block, evaluate_sequence
-from dflash.target import Target, TargetError, load_target, tapped_forward
+from dflash.target import Target, load_target, tapped_forward
 
 
-class ConfigError(ValueError):
-    pass
+from dflash.errors import ConfigError, UserError
 
 
-USER_ERRORS = (ConfigError, CheckpointError, PromptError, TargetError, ReferenceError)
+USER_ERRORS = (UserError,)
 
 
 @dataclass

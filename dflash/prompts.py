@@ -18,8 +18,7 @@ from typing import Any
 BUILTIN = Path(__file__).parent / "data" / "builtin_prompts.jsonl"
 
 
-class PromptError(ValueError):
-    pass
+from dflash.errors import PromptError
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,7 @@ import torch
 from dflash.target import Target, forward, new_cache
 
 
-class ReferenceError(RuntimeError):
-    pass
+from dflash.errors import ReferenceError
 
 
 @dataclass

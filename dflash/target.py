@@ -32,8 +32,7 @@ import torch
 from torch import Tensor
 
 
-class TargetError(ValueError):
-    pass
+from dflash.errors import TargetError
 
 
 @dataclass

@@ -184,8 +184,7 @@ def close_sweep(uri: str, sweep_dir: str) -> None:
         client.set_terminated(parent.info.run_id, "FINISHED" if ok else "FAILED")
 
 
-class TrackingError(ValueError):
-    pass
+from dflash.errors import TrackingError
 
 
 def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
