@@ -1,0 +1,1 @@
+"""dflash-eval: evaluation harness for DFlash speculative-decoding drafters (see README.md)."""
