@@ -8,6 +8,7 @@ evaluation ends FAILED.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import hydra
@@ -18,19 +19,31 @@ from dflash import config as config_mod
 config_mod.register()
 
 
+def sample_rows(res, num_samples: int) -> list[dict]:
+    """One row per verify step of the first `num_samples` prompts (samples.json)."""
+    tok, rows = res.tokenizer, []
+    for r in res.prompts[:num_samples]:
+        seq = r.prompt_ids + r.reference
+        for i, b in enumerate(r.blocks):
+            rows.append({"id": r.prompt.id, "subset": r.prompt.subset, "prompt": r.prompt.messages[-1][1], "reference": tok.decode(r.reference),
+                         "block": i, "anchor": tok.decode([seq[b.anchor_pos]]), "proposal": tok.decode(b.proposal), "accepted": b.accepted,
+                         "accepted_text": tok.decode(b.proposal[: b.accepted])})
+    return rows
+
+
 def log_result(run, res, cfg: dict) -> None:
+    from dflash.pipeline import per_prompt_row
+
     info = res.info
     run.set_tags({
-        "mlflow.runName": info["run_name"], "checkpoint_path": info["checkpoint_path"], "checkpoint_sha256": info["checkpoint_sha256"],
-        "drafter_step": info["drafter_step"], "device": info["device"], "dtype": info["dtype"], "target_identity": info["target_identity"],
+        "mlflow.runName": info.run_name, "checkpoint_path": info.checkpoint_path, "checkpoint_sha256": info.checkpoint_sha256,
+        "drafter_step": info.drafter_step, "device": info.device, "dtype": info.dtype, "target_identity": info.target_identity,
         "warnings": " | ".join(res.warnings) or None,
     })
     run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=res.curves)
     run.log_text(OmegaConf.to_yaml(OmegaConf.create(cfg)), "config.yaml")
-    run.log_table(res.per_prompt, "per_prompt.json")
-    rows = [{"id": s["id"], "subset": s["subset"], "prompt": s["prompt"], "reference": s["reference"], "block": i, **b}
-            for s in res.samples for i, b in enumerate(s["blocks"])]
-    run.log_table(rows, "samples.json")
+    run.log_table([per_prompt_row(r) for r in res.prompts], "per_prompt.json")
+    run.log_table(sample_rows(res, int(cfg["num_samples"])), "samples.json")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -38,26 +51,27 @@ def main(cfg: DictConfig) -> float:
     from dflash import pipeline, report, tracking
 
     try:
-        c = config_mod.to_container(cfg)
+        c = config_mod.to_object(cfg)
     except Exception as e:  # a ??? left unset, an interpolation that fails
         print(f"dflash-eval: config error: {e}", file=sys.stderr)
         sys.exit(2)
     ctx = config_mod.hydra_context()
-    if c["device"].get("gpu_per_job") and ctx["job_num"] is not None:
-        c["device"]["name"] = pipeline.job_device(c["device"]["name"], ctx["job_num"])
-    tc = c["tracking"]
-    if tc["enabled"]:
+    if c.device.gpu_per_job and ctx["job_num"] is not None:
+        c.device.name = pipeline.job_device(c.device.name, ctx["job_num"])
+    tc = c.tracking
+    params = dataclasses.asdict(c)
+    if tc.enabled:
         run = tracking.Run(
-            tc["uri"], tc["experiment"] or f"dflash/{c['target']['name']}", pipeline.run_name(c["drafter"]), tc.get("artifact_location"),
+            tc.uri, tc.experiment or f"dflash/{c.target.name}", pipeline.run_name(c.drafter), tc.artifact_location,
             sweep_dir=ctx["sweep_dir"], tags={**{f"group.{k}": v for k, v in ctx["choices"].items()}, "overrides": " ".join(ctx["overrides"])},
         )
-        run.log_params(c)
+        run.log_params(params)
     else:
         run = tracking.NoRun()
     try:
         with run:
             res = pipeline.run(c)
-            log_result(run, res, c)
+            log_result(run, res, params)
     except pipeline.USER_ERRORS as e:
         print(f"dflash-eval: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -38,18 +38,18 @@ def stage_table(label: str, timings: dict[str, float], wall: float) -> str:
 
 def online(cfg: dict, n: int) -> str:
     target, drafter = pipeline.load_models(cfg, {})
-    pc = cfg["prompts"]
-    prompts = load_prompts(pc["source"], pc.get("path"), n, pc.get("subsets"))
-    ids = [render(p, target.tokenizer, cfg["target"]["template"]) for p in prompts]
+    pc = cfg.prompts
+    prompts = load_prompts(pc.source, pc.path, n, pc.subsets)
+    ids = [render(p, target.tokenizer, vars(cfg.target.template)) for p in prompts]
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     greedy_generate(target, ids[:1], 8, 1), speculative_generate(target, drafter.model, ids[0], 8)  # warm-up
     base_t = spec_t = 0.0
     base_n = spec_n = steps = 0
     for x in ids:
         sync(); t = time.perf_counter()
-        ref = greedy_generate(target, [x], int(pc["max_new_tokens"]), 1)[0]
+        ref = greedy_generate(target, [x], pc.max_new_tokens, 1)[0]
         sync(); base_t += time.perf_counter() - t
-        out = speculative_generate(target, drafter.model, x, int(pc["max_new_tokens"]), cfg["attention"]["drafter"])
+        out = speculative_generate(target, drafter.model, x, pc.max_new_tokens, cfg.attention.drafter)
         sync(); spec_t += out.counters.wall_s
         base_n += len(ref); spec_n += len(out.tokens); steps += out.counters.steps
     tpt_base, tpt_spec = base_t / base_n, spec_t / spec_n
@@ -66,9 +66,9 @@ def main() -> None:
     a = ap.parse_args()
     config_mod.register()
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = config_mod.to_container(compose("config", overrides=a.overrides))
+        cfg = config_mod.to_object(compose("config", overrides=a.overrides))
     for label, use_cache in (("cold (references generated)", False), ("warm (references cached)", True)):
-        cfg["references"]["use_cache"] = use_cache
+        cfg.references.use_cache = use_cache
         target_mod._LAST = None  # load the target again, as a new process would
         t = time.perf_counter()
         res = pipeline.run(cfg)

@@ -121,6 +121,13 @@ def to_container(cfg: Any) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
 
 
+def to_object(cfg: Any) -> EvalConfig:
+    """The composed Hydra config as the typed EvalConfig (resolved; a ??? left unset raises)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
 def hydra_context() -> dict[str, Any]:
     """Group choices and sweep identity of the running Hydra job (empty outside Hydra)."""
     from hydra.core.hydra_config import HydraConfig

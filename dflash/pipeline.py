@@ -1,8 +1,9 @@
 """The evaluation pipeline: config -> load -> references -> features -> replay -> metrics.
 
-`run(cfg)` takes the resolved config as a plain dict (see dflash/config.py for its schema) and
-returns an `EvalResult`: plain data, no tracking. evaluate.py hands the result to tracking.py.
-Every stage is timed (`EvalResult.timings`, seconds) so the README can report where time goes.
+`run(cfg)` takes the typed config (`dflash.config.EvalConfig`) and returns an `EvalResult`: plain
+typed data, no tracking. evaluate.py hands the result to tracking.py. Every stage announces
+itself (dflash.progress) and is timed (`EvalResult.timings`, seconds) so the README can report
+where time goes.
 """
 
 from __future__ import annotations
@@ -16,30 +17,65 @@ from typing import Any, Iterator
 import torch
 
 from dflash.checkpoint import LoadedDrafter, load_drafter
+from dflash.config import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig
 from dflash.drafter import ATTENTION_BACKENDS
-from dflash.metrics import Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, confidence, nll, scored, summarize
-from dflash.errors import PromptError
+from dflash.errors import ConfigError, PromptError
+from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
+from dflash.progress import Progress, log
 from dflash.prompts import Prompt, load_prompts, render
-from dflash.references import get_references
+from dflash.references import ReferenceStats, get_references
 from dflash.replay import Block, evaluate_sequence
 from dflash.target import Target, load_target, tapped_forward
 
 
-from dflash.errors import ConfigError, UserError
+@dataclass
+class PromptResult:
+    prompt: Prompt
+    prompt_ids: list[int]  # rendered through the chat template
+    reference: list[int]  # the target's greedy completion
+    counters: Counters
+    blocks: list[Block]  # every verify step of the replay
+    leak: Counters | None = None  # leak_probe=true: the replay with the anchor's own feature visible
 
 
-USER_ERRORS = (UserError,)
+@dataclass
+class RunInfo:
+    """What was evaluated, as resolved (not as configured)."""
+
+    run_name: str
+    drafter_name: str
+    drafter_step: int | None
+    checkpoint_path: str | None
+    checkpoint_sha256: str | None
+    device: str
+    dtype: str
+    target_identity: str
+    target_source: str
+    block_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    stop_ids: list[int]
+    prompt_ids: list[str]  # the selected prompts, in order
+    references: ReferenceStats
 
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # MLflow names (dflash.metrics.summarize)
     curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
-    per_prompt: list[dict[str, Any]]
-    samples: list[dict[str, Any]]
+    prompts: list[PromptResult]
     timings: dict[str, float]
-    info: dict[str, Any]
+    info: RunInfo
     warnings: list[str] = field(default_factory=list)
+    tokenizer: Any = None  # the target's, to decode samples
+
+
+def per_prompt_row(r: PromptResult) -> dict[str, Any]:
+    """The per-prompt counters as one flat row (per_prompt.json; what dflash.compare pairs)."""
+    c = r.counters
+    return {"id": r.prompt.id, "subset": r.prompt.subset, "prompt_tokens": len(r.prompt_ids), "new_tokens": c.new_tokens, "steps": c.steps,
+            "committed": c.committed, "acceptance_length": c.committed / c.steps if c.steps else None, "tf_correct": c.tf_correct,
+            "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll) if scored(c) else None}
 
 
 @contextmanager
@@ -49,23 +85,23 @@ def timed(timings: dict[str, float], stage: str) -> Iterator[None]:
     timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t
 
 
-def resolve_device(dev: dict[str, Any], attention: dict[str, Any], target_dtype: str | None = None) -> tuple[str, str]:
-    name = dev["name"]
+def resolve_device(dev: DeviceConfig, attention: AttentionConfig, target_dtype: str | None = None) -> tuple[str, str]:
+    name = dev.name
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu (or device=auto)")
-    dtype = target_dtype or dev["dtype"]
+    dtype = target_dtype or dev.dtype
     if dtype == "auto":
         dtype = "bfloat16" if name.startswith("cuda") else "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"device.dtype={dtype!r}: use float32, bfloat16, float16 or auto")
-    if attention["drafter"] not in ATTENTION_BACKENDS:
-        raise ConfigError(f"attention.drafter={attention['drafter']!r}: use one of {ATTENTION_BACKENDS}")
-    if attention["drafter"] == "flex" and not name.startswith("cuda"):
+    if attention.drafter not in ATTENTION_BACKENDS:
+        raise ConfigError(f"attention.drafter={attention.drafter!r}: use one of {ATTENTION_BACKENDS}")
+    if attention.drafter == "flex" and not name.startswith("cuda"):
         raise ConfigError("attention=flex needs a CUDA device (flex_attention is compiled for GPU); on CPU use attention=sdpa or attention=eager")
-    if dev.get("threads"):
-        torch.set_num_threads(int(dev["threads"]))
+    if dev.threads:
+        torch.set_num_threads(int(dev.threads))
     return name, dtype
 
 
@@ -84,113 +120,96 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
             )
 
 
-def load_models(cfg: dict[str, Any], timings: dict[str, float]) -> tuple[Target, LoadedDrafter]:
-    device, dtype = resolve_device(cfg["device"], cfg["attention"], cfg["target"].get("dtype"))
-    t, d = cfg["target"], cfg["drafter"]
+def load_models(cfg: EvalConfig, timings: dict[str, float]) -> tuple[Target, LoadedDrafter]:
+    device, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
+    t, d = cfg.target, cfg.drafter
+    log.info("target: loading %s (%s) on %s in %s", t.name, t.path, device, dtype)
     with timed(timings, "load_target"):
-        target = load_target(
-            t["kind"], t["path"], dtype=dtype, device=device, attn=cfg["attention"]["target"], cache_dir=cfg["cache_dir"],
-            max_context=t.get("max_context"), device_map=cfg["device"].get("device_map"),
-        )
+        target = load_target(t.kind, t.path, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir,
+                             max_context=t.max_context, device_map=cfg.device.device_map)
     with timed(timings, "load_drafter"):
-        overrides = {k: d.get(k) for k in ("block_size", "mask_token_id", "target_layer_ids")}
-        if d["kind"] == "init":  # shape the random drafter by the target config's defaults
-            overrides["mask_token_id"] = overrides["mask_token_id"] if overrides["mask_token_id"] is not None else t.get("mask_token_id")
-            overrides["target_layer_ids"] = overrides["target_layer_ids"] or t.get("default_taps")
+        overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
+        if d.kind == "init":  # shape the random drafter by the target config's defaults
+            overrides["mask_token_id"] = d.mask_token_id if d.mask_token_id is not None else t.mask_token_id
+            overrides["target_layer_ids"] = d.target_layer_ids or t.default_taps
             if overrides["mask_token_id"] is None:
                 raise ConfigError("drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id")
-        name = d.get("name") or _default_name(d)
         drafter = load_drafter(
-            target, d["kind"], name, run_dir=d.get("run_dir"), step=d.get("step"), path=d.get("path"), overrides=overrides,
-            init={"num_layers": d.get("num_layers", 1), "num_taps": d.get("num_taps", 5), "seed": d.get("seed", 0), "mask_token_id": overrides["mask_token_id"]},
+            target, d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=d.step, path=d.path, overrides=overrides,
+            init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed, "mask_token_id": overrides["mask_token_id"]},
         )
         drafter.model.to(device=target.head_device, dtype=target.dtype).eval().requires_grad_(False)  # beside the last layers
+    log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     return target, drafter
 
 
-def _default_name(d: dict[str, Any]) -> str:
-    src = d.get("run_dir") if d["kind"] == "training" else d.get("path") if d["kind"] == "hf" else None
-    return Path(src).name if src else d["kind"]
+def _default_name(d: DrafterSchema) -> str:
+    src = d.run_dir if d.kind == "training" else d.path if d.kind == "hf" else None
+    return Path(src).name if src else d.kind
 
 
-def run_name(drafter_cfg: dict[str, Any], step: int | None = None) -> str:
-    name = drafter_cfg.get("name") or _default_name(drafter_cfg)
-    step = step if step is not None else drafter_cfg.get("step")
-    if drafter_cfg["kind"] == "init":
-        return f"{name}@seed_{drafter_cfg.get('seed', 0)}"
+def run_name(d: DrafterSchema, step: int | None = None) -> str:
+    name = d.name or _default_name(d)
+    step = step if step is not None else d.step
+    if d.kind == "init":
+        return f"{name}@seed_{d.seed}"
     return f"{name}@step_{step}" if step is not None else f"{name}@latest"
 
 
-def run(cfg: dict[str, Any]) -> EvalResult:
+def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prompts: list[Prompt], ids: list[list[int]],
+                   refs: list[list[int]], timings: dict[str, float]) -> list[PromptResult]:
+    """Features (one target pass per prompt + reference) then the replay of every prompt."""
+    backend, layer_ids = cfg.attention.drafter, drafter.model.cfg.target_layer_ids
+    chunk = int(cfg.anchors_per_chunk or (256 if target.device.type == "cuda" else 32))
+    out = []
+    log.info("replay: %d prompts, %d reference tokens", len(prompts), sum(map(len, refs)))
+    with Progress("features + replay", total=sum(map(len, refs)), unit="tok") as bar:
+        for p, x, r in zip(prompts, ids, refs):
+            with timed(timings, "features"):
+                taps = tapped_forward(target, torch.tensor([x + r], device=target.device), layer_ids)[0]  # [T, n*H]
+            with timed(timings, "replay"):
+                t0 = time.perf_counter()
+                c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, scores=cfg.scores)
+                c.wall_s = time.perf_counter() - t0
+            leak = None
+            if cfg.leak_probe:
+                with timed(timings, "leak_probe"):
+                    leak = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]
+            out.append(PromptResult(p, x, r, c, blocks, leak))
+            bar.update(len(r))
+    return out
+
+
+def run(cfg: EvalConfig) -> EvalResult:
     timings: dict[str, float] = {}
-    torch.manual_seed(int(cfg.get("seed", 0)))
+    torch.manual_seed(cfg.seed)
     target, drafter = load_models(cfg, timings)
-    pc, tmpl = cfg["prompts"], cfg["target"]["template"]
+    pc = cfg.prompts
     with timed(timings, "prompts"):
-        prompts = load_prompts(pc["source"], pc.get("path"), pc.get("num_prompts"), pc.get("subsets"))
-        ids = [render(p, target.tokenizer, tmpl) for p in prompts]
-        check_lengths(prompts, ids, int(pc["max_new_tokens"]), target.max_context)
-    rc = cfg["references"]
+        prompts = load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets)
+        ids = [render(p, target.tokenizer, vars(cfg.target.template)) for p in prompts]
+        check_lengths(prompts, ids, pc.max_new_tokens, target.max_context)
+    rc = cfg.references
     with timed(timings, "references"):
-        refs, ref_stats = get_references(
-            target, ids, int(pc["max_new_tokens"]), tmpl, cfg["cache_dir"], source=rc["source"], batch_size=int(rc["batch_size"]),
-            url=rc.get("url"), model=rc.get("model"), use_cache=bool(rc.get("use_cache", True)),
-        )
-    backend, layer_ids = cfg["attention"]["drafter"], drafter.model.cfg.target_layer_ids
-    chunk = int(cfg.get("anchors_per_chunk") or (256 if target.device.type == "cuda" else 32))
-    per_prompt: list[tuple[str, Counters]] = []
-    leak: list[tuple[str, Counters]] = []
-    rows, samples = [], []
-    for i, (p, x, r) in enumerate(zip(prompts, ids, refs)):
-        with timed(timings, "features"):
-            taps = tapped_forward(target, torch.tensor([x + r], device=target.device), layer_ids)[0]  # [T, n*H]
-        with timed(timings, "replay"):
-            t0 = time.perf_counter()
-            c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, scores=bool(cfg.get("scores")))
-            c.wall_s = time.perf_counter() - t0
-        per_prompt.append((p.subset, c))
-        if cfg.get("leak_probe"):
-            with timed(timings, "leak_probe"):
-                leak.append((p.subset, evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]))
-        rows.append({"id": p.id, "subset": p.subset, "prompt_tokens": len(x), "new_tokens": c.new_tokens, "steps": c.steps, "committed": c.committed, "acceptance_length": acceptance_length(c),
-                     "tf_correct": c.tf_correct, "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll) if scored(c) else None})
-        if i < int(cfg.get("num_samples", 3)):
-            samples.append(sample_record(target, p, x, r, blocks))
+        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, vars(cfg.target.template), cfg.cache_dir, source=rc.source,
+                                         batch_size=rc.batch_size, url=rc.url, model=rc.model, use_cache=rc.use_cache)
+    results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
+    per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
     curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total)}
     if scored(total):
         curves.update(nll=nll(total), confidence=confidence(total))
-    if leak:
-        lm = summarize(leak)
+    if cfg.leak_probe:
+        lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
         metrics["leak_probe/tau_gain"] = lm["acceptance_length"] - metrics["acceptance_length"]
     metrics["tokens_per_second_replay"] = total.new_tokens / max(timings.get("replay", 0.0), 1e-9)
-    info = {
-        "drafter_name": drafter.name, "drafter_step": drafter.step, "checkpoint_path": drafter.path, "checkpoint_sha256": drafter.sha256,
-        "run_name": run_name(cfg["drafter"], drafter.step), "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
-        "target_identity": target.identity, "target_source": target.source, "block_size": drafter.model.cfg.block_size,
-        "target_layer_ids": layer_ids, "mask_token_id": drafter.model.cfg.mask_token_id,
-        "references": {"cached": ref_stats.hits, "generated": ref_stats.generated, "new_tokens": ref_stats.new_tokens},
-    }
-    return EvalResult(metrics, curves, rows, samples, timings, info, drafter.warnings)
-
-
-def sample_record(target: Target, p: Prompt, x: list[int], r: list[int], blocks: list[Block]) -> dict[str, Any]:
-    tok = target.tokenizer
-    seq = x + r
-    return {
-        "id": p.id,
-        "subset": p.subset,
-        "prompt": p.messages[-1][1],
-        "reference": tok.decode(r, skip_special_tokens=False),
-        "blocks": [
-            {
-                "anchor": tok.decode([seq[b.anchor_pos]]),
-                "proposal": tok.decode(b.proposal),
-                "accepted": b.accepted,
-                "accepted_text": tok.decode(b.proposal[: b.accepted]),
-            }
-            for b in blocks
-        ],
-    }
+    dc = drafter.model.cfg
+    info = RunInfo(
+        run_name=run_name(cfg.drafter, drafter.step), drafter_name=drafter.name, drafter_step=drafter.step, checkpoint_path=drafter.path,
+        checkpoint_sha256=drafter.sha256, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""), target_identity=target.identity,
+        target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
+        stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
+    )
+    return EvalResult(metrics, curves, results, timings, info, drafter.warnings, target.tokenizer)

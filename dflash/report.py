@@ -8,7 +8,7 @@ from dflash.pipeline import EvalResult
 def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> str:
     m, info = res.metrics, res.info
     lines = [
-        f"== {info['run_name']}  ({info['device']}, {info['dtype']}, block {info['block_size']}, taps {info['target_layer_ids']})",
+        f"== {info.run_name}  ({info.device}, {info.dtype}, block {info.block_size}, taps {info.target_layer_ids})",
         f"acceptance length τ (bonus included, token-weighted): {m['acceptance_length']:.3f} ± {m['acceptance_length_se']:.3f} (SE over prompts)   "
         f"macro (per-prompt mean): {m['acceptance_length_macro']:.3f}   expected from accuracy: {m['expected_acceptance_length']:.3f}",
     ]
@@ -24,17 +24,19 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     for k, (a, c, t) in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"]), start=1):
         scores = f"  {cv['nll'][k - 1]:>8.3f}  {cv['confidence'][k - 1]:>10.3f}" if "nll" in cv else ""
         lines.append(f"{k:>3}   {a:>11.3f}  {c:>12.3f}  {t:>12.3f}{scores}")
-    ref = info["references"]
+    ref = info.references
     lines.append(
         f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "
-        f"{ref['cached']} cached, {ref['generated']} generated"
+        f"{ref.hits} cached, {ref.generated} generated"
     )
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
-    for s in res.samples[:1]:
-        lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")
-        for b in s["blocks"][:max_blocks]:
-            rest = b["proposal"][len(b["accepted_text"]) :] if b["proposal"].startswith(b["accepted_text"]) else b["proposal"]
-            lines.append(f"   {b['anchor']!r} -> [{b['accepted_text']!r}] {rest!r}  ({b['accepted']} accepted)")
+    tok = res.tokenizer
+    for r in res.prompts[:1]:
+        seq = r.prompt_ids + r.reference
+        lines.append(f"-- sample {r.prompt.id} ({r.prompt.subset}): first blocks, [accepted] rest")
+        for b in r.blocks[:max_blocks]:
+            acc, rest = tok.decode(b.proposal[: b.accepted]), tok.decode(b.proposal[b.accepted :])
+            lines.append(f"   {tok.decode([seq[b.anchor_pos]])!r} -> [{acc!r}] {rest!r}  ({b.accepted} accepted)")
     for w in res.warnings:
         lines.append(f"WARNING: {w}")
     if where:
