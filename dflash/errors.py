@@ -49,6 +49,10 @@ class TrackingError(UserError):
     pass
 
 
+class NumericsError(UserError):
+    """Non-finite activations: the run's numbers would be meaningless (e.g. float16 overflow)."""
+
+
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread like KeyboardInterrupt (a BaseException: `except Exception` lets it through)."""
 

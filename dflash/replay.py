@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from dflash.drafter import DFlashDrafter
+from dflash.errors import NumericsError
 from dflash.metrics import Counters
 from dflash.target import Target
 
@@ -64,6 +65,10 @@ def draft_every_anchor(
         ctx_len = int(a.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
         emb = target.embed(block)[None].to(dev, dt)  # [1, N, B, H]
         h = drafter(taps[None, :ctx_len].to(dev, dt), emb, a[None].to(dev), backend=backend, see_anchor=see_anchor)
+        if not bool(torch.isfinite(h).all()):
+            bad = int(a[~torch.isfinite(h[0]).all(-1).all(-1).to(a.device)][0])
+            raise NumericsError(f"the drafter's hidden states are not finite at the anchor at position {bad} (dtype {dt}): "
+                                "with float16 this is usually overflow; evaluate in bfloat16 or float32 (device.dtype=...)")
         h = h[0, :, 1:].reshape(N * (B - 1), -1).to(target.dtype)  # 2-D: a 3-D strided input takes a slow bmm path
         logits = target.lm_head(h)  # [N*(B-1), V]
         if not scores:

@@ -1,11 +1,14 @@
-"""The replay loop and the metrics, on hand-made proposals (no model)."""
+"""The replay loop and the metrics, on hand-made proposals (no model), and the replay's refusal of non-finite activations."""
 
 import random
 
 import pytest
+import torch
 
+from dflash.errors import NumericsError
 from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, expected_acceptance_length, ratio_se, summarize
-from dflash.replay import replay, teacher_forced
+from dflash.replay import evaluate_sequence, replay, teacher_forced
+from dflash.target import tapped_forward
 
 B = 16
 
@@ -100,3 +103,13 @@ def test_nll_confidence_and_overconfidence():
     assert m["nll_mean"] == pytest.approx(2.4 / 3)
     assert m["nll/pos_01"] == pytest.approx(0.2) and m["confidence/pos_02"] == pytest.approx(0.8)
     assert m["overconfidence"] == pytest.approx((2.2 - 2) / 3)
+
+
+def test_non_finite_drafter_activations_fail_the_run(qwen3_target, make_drafter):
+    d = make_drafter(qwen3_target, num_layers=1, num_taps=2, block_size=4)
+    x, r = [3, 5, 7, 9], [11, 13, 15, 17, 19]
+    taps = tapped_forward(qwen3_target, torch.tensor([x + r]), d.cfg.target_layer_ids)[0]
+    evaluate_sequence(d, qwen3_target, x, r, taps)  # finite: runs
+    taps[5:] = float("inf")  # a context position every later anchor sees
+    with pytest.raises(NumericsError, match="not finite at the anchor at position 6"):
+        evaluate_sequence(d, qwen3_target, x, r, taps)
