@@ -128,6 +128,8 @@ class Engine:
         self.view = max_len  # positions a step function reads when it runs eagerly (Step sets it)
         self.setup_s: dict[str, float] = {}  # name -> seconds of compile (+ warm-up) and of capture
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        with torch.no_grad():  # allocate every cache tensor now, before any capture
+            self.forward(torch.zeros(batch, 1, dtype=torch.long, device=dev), self.keys[:1], view=1)
 
     # -- forwards --
 
@@ -153,6 +155,7 @@ class Engine:
         """Final hidden states [..., H] -> the target's greedy tokens [...]."""
         return self.head(h).argmax(-1)
 
+    @torch.no_grad()
     def prefill(self, prompts: list[list[int]], pad: int = 0, chunk: int = 512) -> tuple[Tensor, Tensor | None]:
         """Left-pad the prompts (rows beyond them: one pad token) to P and write positions 0..P-1.
         -> greedy next token [batch], taps [batch, P, n*H] (None without taps)."""
@@ -188,6 +191,7 @@ class Engine:
             conv.copy_(L.conv_states[0])
             rec.copy_(L.recurrent_states[0])
 
+    @torch.no_grad()
     def rollback(self, at: int, kept: Sequence[int]) -> None:
         """After a verify written at positions at.., keep its first len(kept) tokens `kept` (batch 1).
         Attention: nothing to do (later positions are masked until overwritten). Gated DeltaNet:
@@ -202,6 +206,7 @@ class Engine:
 
     # -- capture --
 
+    @torch.no_grad()
     def capture(self, fn: Callable[[], None], name: str) -> "Step":
         """fn (no arguments: it reads and writes static buffers) as a CUDA graph, compiled first
         with `compile`; eager when graphs are off. Seconds spent -> setup_s[name + '_compile_s' / '_capture_s']."""
@@ -234,6 +239,7 @@ class Step:
     def __init__(self, engine: Engine, fn: Callable[[], None], graph):
         self.engine, self.fn, self.graph = engine, fn, graph
 
+    @torch.no_grad()
     def __call__(self, view: int) -> None:
         if self.graph is not None:
             self.graph.replay()
@@ -275,6 +281,7 @@ class Generator:
         self.write += 1
         self.t += 1
 
+    @torch.no_grad()
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
         """Greedy completions of len(prompts) <= batch prompts (EOS included when reached)."""
         first, _ = self.eng.prefill(prompts)
