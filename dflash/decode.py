@@ -70,30 +70,39 @@ def _kv_layer_class():
         def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            self.keys.index_copy_(2, self.slots.write, key_states)  # [b, h, L, d]
-            self.values.index_copy_(2, self.slots.write, value_states)
+            write = self.slots.write.to(self.keys.device)  # a no-op unless the target is sharded
+            self.keys.index_copy_(2, write, key_states)  # [b, h, L, d]
+            self.values.index_copy_(2, write, value_states)
             n = self.slots.view
             return self.keys[:, :, :n], self.values[:, :, :n]
 
     return KVLayer
 
 
-def static_cache(config, max_len: int, slots: _Slots):
-    """transformers' StaticCache for `config`, full-attention layers swapped for ours; sliding-window
-    or other layer kinds are refused (the engine's mask is full causal)."""
+def unsupported(config) -> str | None:
+    """Why the engine cannot run a target of this config (a sliding-window layer, say), or None."""
     from transformers import StaticCache
     from transformers.cache_utils import LinearAttentionLayer, StaticLayer
 
+    for i, layer in enumerate(StaticCache(config=config, max_cache_len=1).layers):  # layers allocate lazily: cheap
+        if type(layer) not in (StaticLayer, LinearAttentionLayer):
+            return (f"decoder layer {i} keeps a {type(layer).__name__} cache: the static decoding engine handles full "
+                    "attention and Gated DeltaNet layers only")
+    return None
+
+
+def static_cache(config, max_len: int, slots: _Slots):
+    """transformers' StaticCache for `config`, its full-attention layers swapped for ours."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    if (why := unsupported(config)) is not None:
+        raise TargetError(why + ": the online loop cannot run this target (the offline replay and the references can)")
     cache = StaticCache(config=config, max_cache_len=max_len)
     KVLayer = _kv_layer_class()
     for i, layer in enumerate(cache.layers):
         if type(layer) is StaticLayer:
             cache.layers[i] = KVLayer(max_len, slots)
-        elif type(layer) is not LinearAttentionLayer:
-            raise TargetError(
-                f"decoder layer {i} keeps a {type(layer).__name__} cache: the static decoding engine handles full "
-                "attention and Gated DeltaNet layers only; use device=cpu (dynamic cache) for this target"
-            )
     return cache
 
 
@@ -104,15 +113,16 @@ class Engine:
     """Static-cache forwards of one target for `batch` rows of at most `max_len` positions.
 
     taps: decoder layers whose outputs `forward` also returns (DFlash's context features).
-    graphs: capture step functions as CUDA graphs (default: on CUDA). compile: inductor first.
+    graphs: capture step functions as CUDA graphs (default: on one CUDA device). compile: inductor first.
     """
 
     def __init__(self, target: Target, batch: int, max_len: int, taps: Sequence[int] = (), graphs: bool | None = None, compile: bool = False):
         self.target, self.batch, self.max_len, self.taps = target, batch, max_len, list(taps)
         dev = self.device = target.device
-        self.graphs = dev.type == "cuda" if graphs is None else graphs
-        if self.graphs and dev.type != "cuda":
-            raise TargetError(f"CUDA graphs need a CUDA target; this one is on {dev}")
+        sharded = len(set(getattr(target.model, "hf_device_map", {}).values())) > 1
+        self.graphs = dev.type == "cuda" and not sharded if graphs is None else graphs
+        if self.graphs and (dev.type != "cuda" or sharded):
+            raise TargetError(f"CUDA graphs need a target on one CUDA device; this one is on {dev}" + (" and others" if sharded else ""))
         self.compile = compile
         self.decoder = target.model.get_decoder()
         self.head = target.model.get_output_embeddings()
@@ -122,14 +132,14 @@ class Engine:
         self.linear = [layer for layer in self.cache.layers if hasattr(layer, "recurrent_states")]
         self._saved: list[tuple[Tensor, Tensor]] = []
         self.start = torch.zeros(batch, dtype=torch.long, device=dev)  # [b] first cache position of each row
-        self.keys = torch.arange(max_len, device=dev)
+        self.positions = torch.arange(max_len, device=dev)  # [L] cache positions
         self.neg = torch.finfo(target.dtype).min
         self.length = 0  # positions written by prefill (the host tracks the rest)
         self.view = max_len  # positions a step function reads when it runs eagerly (Step sets it)
         self.setup_s: dict[str, float] = {}  # name -> seconds of compile (+ warm-up) and of capture
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         with torch.no_grad():  # allocate every cache tensor now, before any capture
-            self.forward(torch.zeros(batch, 1, dtype=torch.long, device=dev), self.keys[:1], view=1)
+            self.forward(torch.zeros(batch, 1, dtype=torch.long, device=dev), self.positions[:1], view=1)
 
     # -- forwards --
 
@@ -138,7 +148,7 @@ class Engine:
         -> final hidden states [b, q, H], taps [b, q, n*H] (None without taps)."""
         n = self.view if view is None else view
         self.slots.write, self.slots.view = write, n
-        k = self.keys[:n]
+        k = self.positions[:n]
         ok = (k[None, None, :] <= write[None, :, None]) & (k[None, None, :] >= self.start[:, None, None])  # [b, q, n]
         mask = torch.zeros(ok.shape, dtype=self.target.dtype, device=self.device).masked_fill_(~ok, self.neg)[:, None]
         if self.linear:  # hybrid: Gated DeltaNet layers take the 2D padding mask (zeroes left padding)
@@ -161,6 +171,8 @@ class Engine:
         -> greedy next token [batch], taps [batch, P, n*H] (None without taps)."""
         if not 0 < len(prompts) <= self.batch:
             raise ValueError(f"prefill takes 1..{self.batch} prompts, got {len(prompts)}")
+        if min(map(len, prompts)) == 0:
+            raise ValueError("prefill got an empty prompt")
         rows = list(prompts) + [[pad]] * (self.batch - len(prompts))
         P = max(len(r) for r in rows)
         if P >= self.max_len:
@@ -175,7 +187,7 @@ class Engine:
         taps = []
         for c0 in range(0, P, chunk):
             c1 = min(P, c0 + chunk)
-            h, t = self.forward(ids[:, c0:c1], self.keys[c0:c1], view=c1)
+            h, t = self.forward(ids[:, c0:c1], self.positions[c0:c1], view=c1)
             taps.append(t)
         self.length = P
         return self.greedy(h[:, -1]), (torch.cat(taps, dim=1) if self.taps else None)
@@ -202,7 +214,7 @@ class Engine:
             L.conv_states[0].copy_(conv)
             L.recurrent_states[0].copy_(rec)
         n = len(kept)
-        self.forward(torch.tensor([list(kept)], device=self.device), self.keys[at : at + n], view=at + n)
+        self.forward(torch.tensor([list(kept)], device=self.device), self.positions[at : at + n], view=at + n)
 
     # -- capture --
 
@@ -284,6 +296,8 @@ class Generator:
     @torch.no_grad()
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
         """Greedy completions of len(prompts) <= batch prompts (EOS included when reached)."""
+        if max(map(len, prompts)) + self.max_new > self.eng.max_len:
+            raise ValueError(f"a {max(map(len, prompts))}-token prompt + {self.max_new} new tokens exceed the engine's {self.eng.max_len} positions")
         first, _ = self.eng.prefill(prompts)
         P = self.eng.length
         real = torch.arange(self.eng.batch, device=first.device) < len(prompts)

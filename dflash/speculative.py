@@ -29,6 +29,7 @@ import torch
 from dflash.decode import Engine
 from dflash.drafter import DFlashDrafter
 from dflash.metrics import Counters
+from dflash.progress import Progress
 from dflash.replay import Block
 from dflash.target import Target
 
@@ -92,6 +93,8 @@ class OnlineDecoder:
         pos = P  # anchor position: the cache and the features cover positions < pos
         self.anchor.fill_(gen[0])
         self.pos.fill_(pos)
+        bar = Progress("online", total=max_new_tokens, unit="tok")
+        bar.update(1)
         while len(gen) < max_new_tokens and gen[-1] not in self.eos:
             self.draft(view=pos)
             self.verify(view=pos + B)
@@ -115,6 +118,7 @@ class OnlineDecoder:
                 c.accepted_at_pos[k] += 1
             c.commit_hist[len(commit)] += 1
             blocks.append(Block(pos, draft, acc))
+            bar.update(len(commit), tau=f"{c.committed / c.steps:.2f}")
             kept = [gen[-1]] + draft[:a]  # the anchor and the accepted drafts
             gen += commit
             if len(gen) >= max_new_tokens or gen[-1] in self.eos:
@@ -126,6 +130,7 @@ class OnlineDecoder:
             self.pos.fill_(pos)
         sync()
         c.wall_s = time.perf_counter() - t0
+        bar.close()
         return SpecOutput(gen, c, blocks)
 
 

@@ -68,19 +68,39 @@ def test_hybrid_rollback_restores_recurrent_state(vl_target, keep):
     eng.prefill([prompt])
     P = len(prompt)
     eng.save_state()
-    eng.forward(torch.tensor([block]), eng.keys[P : P + 6], view=P + 6)
+    eng.forward(torch.tensor([block]), eng.positions[P : P + 6], view=P + 6)
     eng.rollback(P, block[:keep])
     got = states(eng)
-    h, _ = eng.forward(torch.tensor([[99]]), eng.keys[P + keep : P + keep + 1], view=P + keep + 1)
+    h, _ = eng.forward(torch.tensor([[99]]), eng.positions[P + keep : P + keep + 1], view=P + keep + 1)
 
     fresh = Engine(vl_target, 1, 32, graphs=False)
     fresh.prefill([prompt + block[:keep]])
     want = states(fresh)
-    h_want, _ = fresh.forward(torch.tensor([[99]]), fresh.keys[P + keep : P + keep + 1], view=P + keep + 1)
+    h_want, _ = fresh.forward(torch.tensor([[99]]), fresh.positions[P + keep : P + keep + 1], view=P + keep + 1)
     for (c, r), (cw, rw) in zip(got, want):
         torch.testing.assert_close(c, cw, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(r, rw, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(h, h_want, atol=1e-5, rtol=1e-4)
+
+
+def test_sliding_window_refused(tmp_path):
+    """A layer kind the engine's mask does not model is refused, naming it; the references'
+    CPU path is unaffected."""
+    from conftest import make_tokenizer, qwen3_config
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.decode import unsupported
+    from dflash.target import load_target
+
+    cfg = qwen3_config()
+    cfg.use_sliding_window, cfg.sliding_window = True, 4
+    cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
+    make_tokenizer().save_pretrained(tmp_path)
+    t = load_target("hf", str(tmp_path))
+    assert "SlidingWindow" in unsupported(t.config)
+    with pytest.raises(TargetError, match="decoder layer 0 keeps a StaticSlidingWindowLayer"):
+        Engine(t, 1, 16)
 
 
 def test_graphs_need_cuda(qwen3_target):
