@@ -21,10 +21,10 @@ small kernels a CUDA graph still launches one by one. Both costs are paid once p
 reported apart (`Engine.setup_s`). Prefill runs eagerly, in chunks that bound its memory. On CPU
 the same step functions run eagerly, attending over the written positions only.
 
-Finished rows stay in their batch, masked: they feed a pad token and record nothing. Decoding a
-batch is bound by reading the weights, not by the rows, so dropping rows would save no time
-until batches are large; a batch stops once every row has finished (checked every
-`Generator.period` steps, the only host synchronisation of the loop).
+Finished rows stay in their batch, masked: they feed a pad token and record nothing. A step's time
+hardly depends on the rows (H200, SmolLM2's shape, bf16, CUDA graphs: 3.2 ms at batch 1, 3.8 ms
+at batch 12), so dropping finished rows would save little; a batch stops once every row has
+finished (checked every `Generator.period` steps, the only host synchronisation of the loop).
 
 transformers glue lives here and nowhere else in the engine: the forward's cache keyword
 (`past_key_values` in 5.17, `cache` in 5.24, via `target._cache_kwarg`), `StaticCache` built from
