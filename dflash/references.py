@@ -81,7 +81,14 @@ class ReferenceCache:
 
 @torch.no_grad()
 def greedy_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16) -> list[list[int]]:
-    """Greedy completions (EOS included when reached), batched with left padding."""
+    """Greedy completions (EOS included when reached), batched with left padding. On CUDA the
+    static-cache engine with CUDA graphs (decode.generate) where it supports the target; otherwise
+    (and on CPU) a dynamic KV cache."""
+    if target.device.type == "cuda":
+        from dflash.decode import generate, unsupported
+
+        if unsupported(target.config) is None:
+            return generate(target, prompts, max_new_tokens, batch_size)
     eos = torch.tensor(target.eos_ids, device=target.device)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_ids[0]
     out: list[list[int]] = [[] for _ in prompts]

@@ -11,6 +11,10 @@ loop could ever see; the loop itself is then index walking over those proposals:
         commit = min(a + 1, T - 1 - pos)      # accepted + bonus, capped where the reference ends
         pos += commit
 
+No cache is rolled back here: the features come from one forward over prompt + reference, so a
+hybrid target's Gated DeltaNet state (Qwen3.5 / 3.6) only ever advances over committed tokens;
+the online loop (speculative.py) is what must roll it back after a cut block.
+
 The same proposals give teacher-forced accuracy at every anchor for free, and the same logits the
 drafter's NLL of each reference token and its top-1 probability (`scores`: a log-sum-exp over the
 vocabulary at every slot, ~30% more replay time on CPU).

@@ -1,12 +1,22 @@
 """The online DFlash loop (greedy, batch 1): draft with the drafter, verify with the target.
 
 This is what the offline replay (replay.py) reproduces without running it; tests hold the two
-equal step by step, and benchmarks use it for wall-clock speedup against target-only decoding.
+equal step by step, and benchmarks use it for wall-clock speed-up against target-only decoding.
 
-State per step: the target's KV cache holds positions < anchor; `feats` holds the taps of every
-committed position < anchor. The verify pass runs the target on [anchor, d_1 .. d_{B-1}] at
-positions anchor .. anchor+B-1; the anchor's and the accepted tokens' taps come from that pass,
-the cache is cropped back to them, and the bonus token becomes the next anchor.
+It runs on the static-cache engine (decode.py). State per step, anchor at position p: the
+target's cache holds positions < p, the feature buffer the taps of every committed position < p.
+- draft: the drafter reads the block [anchor, mask, ..., mask] at positions p .. p+B-1 and the
+  features of positions < p (on CUDA the whole buffer, the rest hidden by the drafter's own mask
+  t < p); its B-1 greedy tokens go to `out[:B-1]`.
+- verify: the target runs on [anchor, d_1 .. d_{B-1}] at positions p .. p+B-1; its greedy choice
+  after each slot goes to `out[B-1:]`, the taps of all B slots into the feature buffer (those past
+  the accepted ones are hidden from the next draft and overwritten later).
+- the host reads `out` (the step's one synchronisation), accepts the longest prefix of drafts that
+  equals the target's choices (a tokens), commits them plus the bonus choice, and rolls the cache
+  back to p + a + 1 positions: for attention a new write position; for Gated DeltaNet layers the
+  saved state re-advanced over the kept tokens (Engine.rollback). The bonus token is the next anchor.
+On CUDA draft and verify are each one CUDA graph (optionally compiled), captured once per
+`OnlineDecoder` and replayed for every step of every prompt.
 """
 
 from __future__ import annotations
@@ -16,10 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dflash.decode import Engine
 from dflash.drafter import DFlashDrafter
 from dflash.metrics import Counters
+from dflash.progress import Progress
 from dflash.replay import Block
-from dflash.target import Target, crop_cache, forward, new_cache, tap
+from dflash.target import Target
 
 
 @dataclass
@@ -29,49 +41,101 @@ class SpecOutput:
     blocks: list[Block] = field(default_factory=list)
 
 
-@torch.no_grad()
-def speculative_generate(target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, backend: str = "sdpa") -> SpecOutput:
-    t0 = time.perf_counter()
-    cfg = drafter.cfg
-    B, eos = cfg.block_size, set(target.eos_ids)
-    dev = target.device
-    ddev, ddt = drafter.fc.weight.device, drafter.fc.weight.dtype
-    cache = new_cache(target)
-    out = forward(target, torch.tensor([prompt], device=dev), cache, hidden_states=True)
-    feats = tap(out.hidden_states, cfg.target_layer_ids)[0]  # [P, n*H] committed positions
-    seq = list(prompt) + [int(out.logits[0, -1].argmax())]
-    gen = seq[len(prompt) :]
-    c = Counters(block_size=B, prompts=1, new_tokens=1)
-    blocks = []
-    while len(gen) < max_new_tokens and gen[-1] not in eos:
-        pos = len(seq) - 1  # anchor position; cache and feats cover positions < pos
-        block = torch.tensor([[seq[pos]] + [cfg.mask_token_id] * (B - 1)], device=dev)
-        emb = target.embed(block)[None].to(ddev, ddt)  # [1, 1, B, H]
-        h = drafter(feats[None].to(ddev, ddt), emb, torch.tensor([[pos]], device=ddev), backend=backend)
-        draft = target.lm_head(h[0, 0, 1:].to(target.dtype)).argmax(-1).tolist()  # [B-1]
-        out = forward(target, torch.tensor([[seq[pos]] + draft], device=dev), cache, hidden_states=True)
-        choice = out.logits[0].argmax(-1).tolist()  # [B] the target's token after each slot
-        a = 0
-        while a < B - 1 and draft[a] == choice[a]:
-            a += 1
-        commit = draft[:a] + [choice[a]]
-        for i, t in enumerate(commit):  # stop at EOS or the token limit
-            if t in eos or len(gen) + i + 1 >= max_new_tokens:
-                commit = commit[: i + 1]
+class OnlineDecoder:
+    """Target + drafter on one static engine for prompts of at most `max_len - B` positions in all
+    (prompt + new tokens); draft and verify captured once."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter, max_len: int, backend: str = "sdpa", graphs: bool | None = None, compile: bool = False):
+        cfg = drafter.cfg
+        self.target, self.drafter, self.backend, self.B = target, drafter, backend, cfg.block_size
+        self.eng = eng = Engine(target, 1, max_len + cfg.block_size, taps=cfg.target_layer_ids, graphs=graphs, compile=compile)
+        dev, L, B = eng.device, eng.max_len, self.B
+        ddev, ddt = drafter.fc.weight.device, drafter.fc.weight.dtype
+        self.feats = torch.zeros(1, L, cfg.num_taps * target.hidden_size, dtype=ddt, device=ddev)  # [1, L, n*H]
+        self.anchor = torch.zeros(1, dtype=torch.long, device=dev)  # [1] anchor token
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # [1] anchor position
+        self.masks = torch.full((B - 1,), cfg.mask_token_id, dtype=torch.long, device=dev)
+        self.slots = torch.arange(B, device=dev)
+        self.out = torch.zeros(2 * B - 1, dtype=torch.long, device=dev)  # [draft (B-1) | target's choices (B)]
+        self.eos = set(target.eos_ids)
+        self.draft = eng.capture(self._draft, "draft")
+        self.verify = eng.capture(self._verify, "verify")
+
+    def _draft(self) -> None:
+        ddev, ddt = self.feats.device, self.feats.dtype
+        block = torch.cat([self.anchor, self.masks])  # [B]
+        emb = self.target.embed(block)[None, None].to(ddev, ddt)  # [1, 1, B, H]
+        h = self.drafter(self.feats[:, : self.eng.view], emb, self.pos[None].to(ddev), backend=self.backend)  # [1, 1, B, H]
+        self.out[: self.B - 1] = self.eng.greedy(h[0, 0, 1:].to(self.target.dtype))
+
+    def _verify(self) -> None:
+        write = self.pos + self.slots  # [B] cache positions p .. p+B-1
+        ids = torch.cat([self.anchor, self.out[: self.B - 1]])[None]  # [1, B]
+        self.eng.save_state()
+        h, taps = self.eng.forward(ids, write)  # [1, B, H], [1, B, n*H]
+        self.out[self.B - 1 :] = self.eng.greedy(h[0])
+        self.feats.index_copy_(1, write.to(self.feats.device), taps.to(self.feats.device, self.feats.dtype))
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int) -> SpecOutput:
+        B, eng = self.B, self.eng
+        if len(prompt) + max_new_tokens + B > eng.max_len:
+            raise ValueError(f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed the decoder's {eng.max_len - B} positions")
+        sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        first, taps = eng.prefill([prompt])
+        P = len(prompt)
+        self.feats[:, :P] = taps.to(self.feats.device, self.feats.dtype)
+        gen = [int(first[0])]
+        c = Counters(block_size=B, prompts=1, new_tokens=1)
+        blocks = []
+        pos = P  # anchor position: the cache and the features cover positions < pos
+        self.anchor.fill_(gen[0])
+        self.pos.fill_(pos)
+        bar = Progress("online", total=max_new_tokens, unit="tok")
+        bar.update(1)
+        while len(gen) < max_new_tokens and gen[-1] not in self.eos:
+            self.draft(view=pos)
+            self.verify(view=pos + B)
+            out = self.out.tolist()
+            draft, choice = out[: B - 1], out[B - 1 :]
+            a = 0
+            while a < B - 1 and draft[a] == choice[a]:
+                a += 1
+            commit = draft[:a] + [choice[a]]
+            for i, t in enumerate(commit):  # stop at EOS or the token limit
+                if t in self.eos or len(gen) + i + 1 >= max_new_tokens:
+                    commit = commit[: i + 1]
+                    break
+            acc = min(a, len(commit))
+            c.steps += 1
+            c.drafted += B - 1
+            c.accepted += acc
+            c.committed += len(commit)
+            c.new_tokens += len(commit)
+            for k in range(acc):
+                c.accepted_at_pos[k] += 1
+            c.commit_hist[len(commit)] += 1
+            blocks.append(Block(pos, draft, acc))
+            bar.update(len(commit), tau=f"{c.committed / c.steps:.2f}")
+            kept = [gen[-1]] + draft[:a]  # the anchor and the accepted drafts
+            gen += commit
+            if len(gen) >= max_new_tokens or gen[-1] in self.eos:
                 break
-        feats = torch.cat([feats, tap(out.hidden_states, cfg.target_layer_ids)[0, : a + 1]])
-        crop_cache(cache, pos + a + 1)  # keep the anchor and the accepted drafts
-        acc = min(a, len(commit))
-        c.steps += 1
-        c.drafted += B - 1
-        c.accepted += acc
-        c.committed += len(commit)
-        c.new_tokens += len(commit)
-        for k in range(acc):
-            c.accepted_at_pos[k] += 1
-        c.commit_hist[len(commit)] += 1
-        blocks.append(Block(pos, draft, acc))
-        seq += commit
-        gen += commit
-    c.wall_s = time.perf_counter() - t0
-    return SpecOutput(gen, c, blocks)
+            if a < B - 1:  # a cut block: recurrent state back to the kept tokens
+                eng.rollback(pos, kept)
+            pos += a + 1
+            self.anchor.fill_(gen[-1])
+            self.pos.fill_(pos)
+        sync()
+        c.wall_s = time.perf_counter() - t0
+        bar.close()
+        return SpecOutput(gen, c, blocks)
+
+
+def speculative_generate(target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, backend: str = "sdpa",
+                         graphs: bool | None = None, compile: bool = False) -> SpecOutput:
+    """One prompt through a fresh OnlineDecoder (several prompts: build one and call .generate)."""
+    dec = OnlineDecoder(target, drafter, len(prompt) + max_new_tokens, backend, graphs, compile)
+    return dec.generate(prompt, max_new_tokens)
