@@ -97,7 +97,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; max-width: 70em; color
 .rej { background: #f7c1c1; color: #9c0000; text-decoration: line-through; }
 .bonus { background: #bcd4ff; }
 .legend span { padding: 0 .4em; margin-right: .6em; font-family: ui-monospace, monospace; }
-.legend .step { border-left: 2px solid #777; }
+.legend .step { border-left: 2px solid #777; padding: 0; margin-right: .2em; }
 table.toc td { padding: 0 .8em 0 0; }
 pre.prompt { white-space: pre-wrap; background: #f4f4f4; padding: .5em; }
 """
@@ -105,7 +105,7 @@ pre.prompt { white-space: pre-wrap; background: #f4f4f4; padding: .5em; }
 LEGEND = (
     '<p class="legend"><span class="pre">prefill token</span><span class="acc">accepted drafted token</span>'
     '<span class="rej">drafter&#x27;s first rejected token</span><span class="bonus">bonus token (the target&#x27;s own)</span>'
-    '<span class="step">a verify step</span></p>'
+    '<span class="step">&nbsp;</span>a verify step starts</p>'
     "<p>Each box is one verify step: the drafted tokens the target accepted, then the bonus token it commits itself; "
     "where the draft was rejected, the drafter&#x27;s token at that slot is shown struck through before the bonus "
     "(hover it for the whole rejected draft). τ = tokens committed per verify step, bonus included (plain decoding = 1). "
