@@ -31,7 +31,7 @@ from matplotlib.figure import Figure  # noqa: E402  (after the backend is chosen
 
 from dflash.metrics import Counters, acceptance_length  # noqa: E402
 
-Curve = Sequence["float | None"]  # index k-1 for slot k; None (or NaN) where undefined
+Curve = Sequence[float | None]  # index k-1 for slot k; None (or NaN) where undefined
 
 
 def rates(num: Sequence[float], den: Sequence[float]) -> list[float | None]:
