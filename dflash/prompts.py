@@ -5,7 +5,8 @@ the user message. Rendering applies the target's chat template with explicit opt
 (`enable_thinking` above all: a mismatched thinking mode is the most reported cause of low τ).
 
 JSONL lines are objects with `prompt` (str) or `messages` (chat list), and optional `id`,
-`subset`. Every error names the file and line.
+`subset`. Every error names the file and line. `num_prompts` takes the first prompts of each subset
+in turn (`round_robin`), so a small selection still reports every subset.
 """
 
 from __future__ import annotations
@@ -69,8 +70,21 @@ def read_humaneval() -> list[Prompt]:
     return out
 
 
+def round_robin(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """The first n prompts taken a subset at a time in turn (subsets in order of first appearance),
+    so every subset keeps prompts: [a1, a2, a3, b1, b2] -> n=3 -> [a1, b1, a2]. Selection order."""
+    queues: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        queues.setdefault(p.subset, []).append(p)
+    out: list[Prompt] = []
+    for i in range(max((len(q) for q in queues.values()), default=0)):
+        out += [q[i] for q in queues.values() if i < len(q)]
+    return out[:n]
+
+
 def load_prompts(source: str, path: str | None = None, num_prompts: int | None = None, subsets: list[str] | None = None) -> list[Prompt]:
-    """source: builtin | jsonl | humaneval. `num_prompts` keeps the first N (after subset filter)."""
+    """source: builtin | jsonl | humaneval. `num_prompts` keeps N chosen round robin over the subsets
+    (after the subset filter; `round_robin`), returned in file order; None keeps all."""
     if source == "builtin":
         prompts = read_jsonl(BUILTIN)
     elif source == "jsonl":
@@ -83,16 +97,17 @@ def load_prompts(source: str, path: str | None = None, num_prompts: int | None =
         raise PromptError(f"unknown prompt source {source!r}; use builtin, jsonl or humaneval")
     if subsets:
         prompts = [p for p in prompts if p.subset in subsets]
-    if num_prompts is not None:
-        if num_prompts < 1:
-            raise PromptError(f"prompts.num_prompts={num_prompts}: must be at least 1")
-        prompts = prompts[:num_prompts]
     if not prompts:
         raise PromptError(f"the prompt set is empty (source={source}, path={path}, subsets={subsets}); give at least one prompt")
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise PromptError(f"prompt ids must be unique; repeated: {dup[:5]}")
+    if num_prompts is not None:
+        if num_prompts < 1:
+            raise PromptError(f"prompts.num_prompts={num_prompts}: must be at least 1")
+        keep = {p.id for p in round_robin(prompts, num_prompts)}
+        prompts = [p for p in prompts if p.id in keep]
     return prompts
 
 

@@ -9,7 +9,8 @@
   tag. Creating the store, the experiment and the parent happens under a file lock, so jobs
   launched in parallel never race. `close_sweep` ends the parent when the sweep ends.
 - `find_runs` / `load_per_prompt` read finished evaluation runs back (by id or by run name) for
-  `python -m dflash.compare`.
+  `python -m dflash.compare`; `log_files` / `Run.log_files` log in-memory files (plots, tables,
+  samples pages) as artifacts.
 - `Run` is a context manager: an exception ends the run FAILED (KILLED on Ctrl-C) with the
   error logged, never leaving it RUNNING.
 
@@ -168,8 +169,31 @@ class Run:
         cols = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})}
         self.client.log_table(self.run_id, data=cols, artifact_file=artifact_file)
 
+    def log_files(self, files: dict[str, bytes]) -> None:
+        _log_files(self.client, self.run_id, files)
+
     def where(self) -> str:
         return f"run {self.run_id} in experiment {self.experiment_id} at {self.uri}  (see it: mlflow ui --backend-store-uri {self.uri})"
+
+
+def _log_files(client, run_id: str, files: dict[str, bytes]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for rel, data in files.items():
+            (Path(d) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(d) / rel).write_bytes(data)
+        client.log_artifacts(run_id, d)
+
+
+def log_files(uri: str, run_id: str, files: dict[str, bytes]) -> None:
+    """Log in-memory files (artifact path -> bytes, e.g. `plots/tau.png`) to an existing run."""
+    client = _client(uri)
+    try:
+        client.get_run(run_id)
+    except Exception as e:
+        raise TrackingError(f"no run {run_id!r} in {uri} to log to; pass the id of a run there (mlflow ui --backend-store-uri {uri})") from e
+    _log_files(client, run_id, files)
 
 
 def close_sweep(uri: str, sweep_dir: str) -> None:

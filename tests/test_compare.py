@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from dflash.compare import CompareError, align, compare
+from dflash.compare import Child, CompareError, align, best, compare, compare_artifacts, position_curve, swept_values, sweep_artifacts, sweep_table
 from dflash.metrics import paired_ratio_diff, ratio_se
 
 
@@ -59,3 +59,92 @@ def test_other_prompts_or_references_are_refused():
     old = [{k: v for k, v in r.items() if k != "committed"} for r in a]
     with pytest.raises(CompareError, match="evaluate it again"):
         align(old, a)
+
+
+# --- files: the comparison and a sweep's table and plots ---------------------------------------
+
+
+def _csv(data: bytes) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(data.decode())))
+
+
+def _is_png(data: bytes) -> bool:
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_compare_artifacts_are_the_table_and_a_plot():
+    rows = compare(align(_rows(2), _rows(2, shift=0.1)))
+    files = compare_artifacts("fixed@step_1633", "fixed@step_5037", rows)
+    assert set(files) == {"compare_fixed@step_1633_vs_fixed@step_5037.csv", "compare_fixed@step_1633_vs_fixed@step_5037.png"}
+    table = _csv(files["compare_fixed@step_1633_vs_fixed@step_5037.csv"])
+    assert [r["metric"] for r in table] == [r["metric"] for r in rows]
+    assert float(table[0]["diff"]) == pytest.approx(rows[0]["diff"], rel=1e-5) and float(table[0]["se"]) == pytest.approx(rows[0]["se"], rel=1e-5)
+    assert _is_png(files["compare_fixed@step_1633_vs_fixed@step_5037.png"])
+
+
+def test_swept_values_keep_what_differs():
+    ov = [["drafter=fixed", "drafter.step=1633", "prompts.num_prompts=2"], ["drafter=fixed", "drafter.step=5037", "prompts.num_prompts=2"]]
+    assert swept_values(ov) == [{"drafter.step": "1633"}, {"drafter.step": "5037"}]
+    assert swept_values([["a=1"], ["a=1", "b=2"]]) == [{"b": ""}, {"b": "2"}]
+
+
+def test_sweep_table_pairs_every_child_with_the_first_that_finished():
+    base, better = _rows(4), _rows(4, shift=0.1)
+    other_prompts = [dict(r, id=f"q{i}") for i, r in enumerate(_rows(5))]
+    kids = [Child("a@step_1", "id1", {"drafter.step": "1"}, None),  # failed: no rows
+            Child("a@step_2", "id2", {"drafter.step": "2"}, base),
+            Child("a@step_3", "id3", {"drafter.step": "3"}, better),
+            Child("a@step_4", "id4", {"drafter.step": "4"}, other_prompts)]
+    t = sweep_table(kids)
+    assert [r["run"] for r in t] == ["a@step_1", "a@step_2", "a@step_3", "a@step_4"] and [r["drafter.step"] for r in t] == ["1", "2", "3", "4"]
+    assert t[0]["tau"] is None and "no per-prompt rows" in t[0]["note"]
+    tau2 = sum(r["committed"] for r in base) / sum(r["steps"] for r in base)
+    assert t[1]["tau"] == pytest.approx(tau2) and t[1]["tau_se"] == pytest.approx(ratio_se([r["committed"] for r in base], [r["steps"] for r in base]))
+    assert t[1]["delta_tau"] == 0.0 and t[1]["paired_against"] == "a@step_2"
+    col = lambda rows, k: [r[k] for r in rows]  # noqa: E731
+    d, se = paired_ratio_diff(col(base, "committed"), col(base, "steps"), col(better, "committed"), col(better, "steps"))
+    assert (t[2]["delta_tau"], t[2]["delta_tau_se"]) == pytest.approx((d, se)) and t[2]["delta_tau_z"] > 2
+    sub = [r for r in better if r["subset"] == "x"]
+    assert t[2]["tau/x"] == pytest.approx(sum(r["committed"] for r in sub) / sum(r["steps"] for r in sub))
+    assert t[3]["tau"] is not None and t[3]["delta_tau"] is None and "not paired" in t[3]["note"]
+    assert best(t)["run"] == "a@step_3"
+
+
+def test_sweep_artifacts_plot_against_the_swept_number():
+    kids = [Child(f"a@step_{s}", f"id{s}", {"drafter.step": str(s)}, _rows(6, shift=0.05 * i)) for i, s in enumerate((1633, 5037))]
+    files = sweep_artifacts(kids, "drafter.step sweep")
+    assert set(files) == {"sweep/children.csv", "sweep/tau.png", "sweep/per_position.png"}
+    assert [r["run"] for r in _csv(files["sweep/children.csv"])] == ["a@step_1633", "a@step_5037"]
+    assert all(_is_png(files[k]) for k in ("sweep/tau.png", "sweep/per_position.png"))
+    # rows with accepted_at_pos give the cumulative acceptance; drafter choices are categories
+    with_acc = [dict(r, accepted_at_pos=[r["steps"] // 2, r["steps"] // 5, 0]) for r in _rows(7)]
+    assert position_curve(with_acc, cumulative=True)[:2] == pytest.approx([sum(r["steps"] // 2 for r in with_acc) / sum(r["steps"] for r in with_acc),
+                                                                           sum(r["steps"] // 5 for r in with_acc) / sum(r["steps"] for r in with_acc)])
+    files = sweep_artifacts([Child("fixed@step_5037", "i", {"drafter": "fixed"}, with_acc), Child("final_layer@step_5037", "j", {"drafter": "final_layer"}, None)])
+    assert _is_png(files["sweep/tau.png"]) and _is_png(files["sweep/per_position.png"])
+
+
+def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from dflash import tracking
+    from dflash.compare import main
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    ids = []
+    for name, shift in (("a@step_1", 0.0), ("a@step_2", 0.1)):
+        with tracking.Run(uri, "dflash/test", name, artifact_location=(tmp_path / "mlruns").as_uri()) as run:
+            run.log_table(_rows(8, shift), "per_prompt.json")
+            ids.append(run.run_id)
+    assert main(["a@step_1", "a@step_2", "--uri", uri, "--out", str(tmp_path / "out"), "--log-to", ids[1]]) == 0
+    out = capsys.readouterr().out
+    assert "acceptance_length" in out and "wrote" in out
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["compare_a@step_1_vs_a@step_2.csv", "compare_a@step_1_vs_a@step_2.png"]
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(ids[1], "compare")}
+    assert logged == {f"compare/{n}" for n in written}
+    assert main(["a@step_1", "a@step_2", "--uri", uri, "--log-to", "0" * 32]) == 2
+    assert "no run '" + "0" * 32 in capsys.readouterr().err

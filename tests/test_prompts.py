@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash.prompts import Prompt, PromptError, load_prompts, read_jsonl, render
+from dflash.prompts import Prompt, PromptError, load_prompts, read_jsonl, render, round_robin
 
 from conftest import GEN_PROMPT_THINKING_OFF, GEN_PROMPT_THINKING_ON, make_tokenizer
 
@@ -35,9 +35,28 @@ def test_builtin_subset_filter_and_count():
     fresh = load_prompts("builtin", subsets=["fresh"])
     assert fresh and all(p.subset == "fresh" for p in fresh)
     assert len(fresh) < len(load_prompts("builtin"))
-    assert [p.id for p in load_prompts("builtin", num_prompts=3)] == [p.id for p in load_prompts("builtin")[:3]]
     with pytest.raises(PromptError, match="at least 1"):
         load_prompts("builtin", num_prompts=0)
+
+
+def test_num_prompts_takes_every_subset_in_turn():
+    """Round robin over the subsets (in order of first appearance), returned in file order."""
+    every = load_prompts("builtin")
+    four = load_prompts("builtin", num_prompts=4)
+    assert [p.id for p in four] == ["tl-arith-1", "tl-arith-2", "fresh-1", "fresh-2"]
+    assert [p.id for p in load_prompts("builtin", num_prompts=3)] == ["tl-arith-1", "tl-arith-2", "fresh-1"]
+    assert load_prompts("builtin", num_prompts=12) == load_prompts("builtin", num_prompts=99) == every  # all: unchanged
+    assert [p.id for p in load_prompts("builtin", num_prompts=2, subsets=["fresh"])] == ["fresh-1", "fresh-2"]
+    # one subset (HumanEval): the first N, as before
+    assert [p.id for p in load_prompts("humaneval", num_prompts=3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+
+
+def test_round_robin_with_uneven_subsets():
+    ps = [Prompt(id=f"{s}{i}", subset=s, messages=(("user", "x"),)) for s, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
+    ps = ps[1:2] + ps[:1] + ps[2:]  # file order a1 a0 a2 b0 c0 c1: selection follows it, not the ids
+    assert [p.id for p in round_robin(ps, 4)] == ["a1", "b0", "c0", "a0"]
+    assert [p.id for p in round_robin(ps, 6)] == ["a1", "b0", "c0", "a0", "c1", "a2"]
+    assert [p.id for p in round_robin(ps, 1)] == ["a1"] and round_robin([], 3) == []
 
 
 # --- JSONL -----------------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""Plots: PNG figures of one run and of several runs side by side, from plain data.
+
+Pure functions from counters or lists to PNG bytes (matplotlib, Agg backend: no display, no
+global figure left open). Conventions are those of dflash/metrics.py and are written on each
+figure: τ counts the bonus token (plain decoding = 1); slot k = 1..B-1 is the k-th drafted token.
+
+One run (`dflash.metrics.Counters` summed over prompts):
+- `position_curves_png`: per slot k, cumulative acceptance (steps whose slot k was accepted /
+  steps, vLLM's), conditional acceptance (accepted at k / accepted at k-1) and teacher-forced
+  accuracy (slot k right whatever the earlier slots, over every anchor). A 0/0 rate is undefined:
+  a gap in the line, never a 0.
+- `commit_hist_png`: verify steps by tokens committed (accepted + bonus), τ marked.
+- `run_plots`: both, by artifact path (`plots/per_position.png`, `plots/commit_hist.png`).
+
+Several runs (a sweep's children, two compared runs):
+- `tau_png`: τ ± SE per run, against the swept value where it is one number per run.
+- `curves_png`: one per-position curve per run, overlaid.
+- `gaps_png`: paired gaps B − A with ±2 SE bars (dflash.compare's rows).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402  (after the backend is chosen)
+
+from dflash.metrics import Counters, acceptance_length  # noqa: E402
+
+Curve = Sequence[float | None]  # index k-1 for slot k; None (or NaN) where undefined
+
+
+def rates(num: Sequence[float], den: Sequence[float]) -> list[float | None]:
+    """num[i] / den[i], None where den[i] is 0 (undefined, not 0)."""
+    return [n / d if d else None for n, d in zip(num, den)]
+
+
+def position_rates(c: Counters) -> dict[str, list[float | None]]:
+    """The three per-slot curves of a run, None where undefined."""
+    return {
+        "cumulative": rates(c.accepted_at_pos, [c.steps] * len(c.accepted_at_pos)),
+        "conditional": rates(c.accepted_at_pos, [c.steps] + c.accepted_at_pos[:-1]),
+        "teacher_forced": rates(c.tf_correct, c.tf_total),
+    }
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _y(curve: Curve) -> list[float]:
+    return [math.nan if v is None else float(v) for v in curve]  # NaN: matplotlib leaves a gap
+
+
+def _slots_axis(ax, n: int, ylabel: str) -> None:
+    ax.set_xlabel("draft slot k (1 = first drafted token after the anchor)")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(range(1, n + 1))
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+
+
+def position_curves_png(c: Counters, title: str = "") -> bytes:
+    r = position_rates(c)
+    k = list(range(1, c.block_size))
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
+    ax.plot(k, _y(r["cumulative"]), "o-", label="cumulative acceptance: steps with slot k accepted / steps")
+    ax.plot(k, _y(r["conditional"]), "s--", label="conditional acceptance: accepted at k / accepted at k−1")
+    ax.plot(k, _y(r["teacher_forced"]), "^:", label="teacher-forced accuracy: slot k right, any prefix (every anchor)")
+    _slots_axis(ax, len(k), "rate")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{title + ': ' if title else ''}per-position acceptance, τ = {acceptance_length(c):.3f} (bonus included), "
+                 f"{c.steps} verify steps", fontsize=10)
+    if any(v is None for v in r["conditional"]):
+        fig.text(0.01, -0.02, "gaps: 0/0, no step reached that slot (undefined, not 0)", fontsize=8)
+    return _png(fig)
+
+
+def commit_hist_png(c: Counters, title: str = "") -> bytes:
+    counts = c.commit_hist[1:]  # index 0 is never used: a step commits at least the bonus
+    x = list(range(1, len(counts) + 1))
+    fig = Figure(figsize=(7.5, 3.8))
+    ax = fig.add_subplot()
+    ax.bar(x, counts, color="#4c72b0")
+    tau = acceptance_length(c)
+    ax.axvline(tau, color="#c44e52", ls="--", label=f"τ = {tau:.3f} (mean tokens per step)")
+    ax.set_xticks(x)
+    ax.set_xlabel("tokens committed by a verify step (accepted drafted tokens + 1 bonus; 1 = none accepted)")
+    ax.set_ylabel("verify steps")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"{title + ': ' if title else ''}commit histogram, {c.steps} verify steps", fontsize=10)
+    return _png(fig)
+
+
+def run_plots(c: Counters, title: str = "") -> dict[str, bytes]:
+    """The figures a run logs, by artifact path."""
+    return {"plots/per_position.png": position_curves_png(c, title), "plots/commit_hist.png": commit_hist_png(c, title)}
+
+
+def tau_png(labels: Sequence[str], taus: Sequence[float | None], ses: Sequence[float | None],
+            x: Sequence[float] | None = None, xlabel: str = "run", title: str = "") -> bytes:
+    """τ ± SE per run; at `x` (the swept value) when given, else one slot per label."""
+    fig = Figure(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
+    ax = fig.add_subplot()
+    xs = list(x) if x is not None else list(range(len(labels)))
+    keep = [i for i, t in enumerate(taus) if t is not None]
+    ax.errorbar([xs[i] for i in keep], [taus[i] for i in keep], yerr=[ses[i] or 0.0 for i in keep],
+                fmt="o-" if x is not None else "o", capsize=4, label="τ ± SE over prompts")
+    if x is None:
+        ax.set_xticks(xs, list(labels), rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center", fontsize=8)
+    else:
+        for i in keep:
+            ax.annotate(labels[i], (xs[i], taus[i]), textcoords="offset points", xytext=(4, 6), fontsize=7)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="1 = plain decoding")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("τ: tokens per verify step (bonus included)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "acceptance length τ per run", fontsize=10)
+    return _png(fig)
+
+
+def curves_png(curves: dict[str, Curve], ylabel: str, title: str = "") -> bytes:
+    """One curve per run (label -> values for slots 1..n), overlaid; undefined points are gaps."""
+    n = max((len(v) for v in curves.values()), default=0)
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
+    for label, v in curves.items():
+        ax.plot(range(1, len(v) + 1), _y(v), "o-", ms=3, label=label)
+    _slots_axis(ax, n, ylabel)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title or ylabel, fontsize=10)
+    return _png(fig)
+
+
+def gaps_png(rows: Sequence[dict], title: str = "") -> bytes:
+    """Paired gaps B − A (dflash.compare rows: metric, diff, se), ±2 SE bars; 0 = no difference."""
+    fig = Figure(figsize=(7.5, 0.45 * len(rows) + 1.6))
+    ax = fig.add_subplot()
+    y = list(range(len(rows)))[::-1]
+    ax.errorbar([r["diff"] for r in rows], y, xerr=[2 * r["se"] for r in rows], fmt="o", capsize=4, label="B − A ± 2 SE (paired by prompt)")
+    ax.axvline(0.0, color="grey", lw=0.8)
+    ax.set_yticks(y, [r["metric"] for r in rows], fontsize=8)
+    ax.set_xlabel("B − A (higher τ and accuracy are better; lower NLL is better)")
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or "paired gaps", fontsize=10)
+    return _png(fig)

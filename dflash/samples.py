@@ -1,0 +1,155 @@
+"""Samples: what the drafter proposed at each verify step, for a person to read.
+
+`sample_record(prompt, prompt_ids, reference_ids, blocks, tokenizer)` -> one plain record per prompt
+(samples.json): id, subset, prompt text, reference text (and its pieces, one per token), the
+prompt's τ, and its verify steps (dflash.replay.Block):
+
+    {"anchor_pos": p,            # position of the step's anchor in prompt + reference
+     "proposal": ["..", ...],    # drafted slots 1..B-1, decoded (one piece per token)
+     "proposal_ids": [...],
+     "accepted": a,              # drafted tokens the target accepted
+     "bonus": ".." | None}       # the target's token after them; None where the reference ended
+
+`samples_html(records)` -> one self-contained page (inline CSS, no script, no external resource:
+MLflow's artifact viewer shows it as is): per prompt, the reference token by token, each verify
+step boxed, its accepted drafted tokens, the drafter's first rejected token (struck through, its
+whole rejected draft in the tooltip) and the bonus token in colour; a legend; the prompt's τ.
+Prompt and model text is untrusted: every piece goes through html.escape.
+
+Decoding: byte-level BPE splits a character over several tokens, and some tokenizers drop a
+token's leading space when it is decoded alone. `token_pieces` decodes each token after a few
+tokens of context and holds back a piece until its character is complete, so the pieces
+concatenate to the decoded text exactly; a split character shows on the token that completes it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any, Sequence
+
+from dflash.prompts import Prompt
+from dflash.replay import Block
+
+CONTEXT = 4  # tokens decoded before a span, so that its leading space and bytes come out right
+
+
+def _decode(tok: Any, ids: Sequence[int]) -> str:
+    return tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False) if ids else ""
+
+
+def token_pieces(tok: Any, ids: Sequence[int], start: int = 0) -> list[str]:
+    """One string per token of ids[start:] (ids[:start] is context); "".join(...) is their text."""
+    out: list[str] = []
+    s = start  # first token without a piece yet
+    for e in range(start + 1, len(ids) + 1):
+        c = max(0, s - CONTEXT)
+        head, full = _decode(tok, ids[c:s]), _decode(tok, ids[c:e])
+        if full.endswith("\ufffd") and e < len(ids) and e - s < 4:  # a UTF-8 character goes on in the next token
+            continue
+        text = full[len(head):] if full.startswith(head) else _decode(tok, ids[s:e])
+        out += [""] * (e - s - 1) + [text]
+        s = e
+    return out
+
+
+def prompt_text(p: Prompt) -> str:
+    if len(p.messages) == 1:
+        return p.messages[0][1]
+    return "\n\n".join(f"[{role}] {content}" for role, content in p.messages)
+
+
+def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], blocks: list[Block], tok: Any) -> dict[str, Any]:
+    seq = prompt_ids + reference_ids
+    P, T = len(prompt_ids), len(seq)
+    ref = token_pieces(tok, seq, P)  # [len(reference)]
+    steps, committed = [], 0
+    for b in blocks:
+        has_bonus = b.anchor_pos + b.accepted + 1 < T  # the reference goes on after the accepted tokens
+        committed += b.accepted + has_bonus
+        ctx = seq[max(0, b.anchor_pos + 1 - CONTEXT) : b.anchor_pos + 1]
+        steps.append({
+            "anchor_pos": b.anchor_pos,
+            "proposal": token_pieces(tok, ctx + b.proposal, len(ctx)),
+            "proposal_ids": list(b.proposal),
+            "accepted": b.accepted,
+            "bonus": ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None,
+        })
+    return {
+        "id": p.id, "subset": p.subset, "prompt": prompt_text(p), "prompt_tokens": P,
+        "reference": "".join(ref), "reference_pieces": ref,
+        "acceptance_length": committed / len(blocks) if blocks else None, "steps": len(blocks),
+        "blocks": steps,
+    }
+
+
+def samples_json(records: list[dict[str, Any]]) -> str:
+    return json.dumps(records, ensure_ascii=False, indent=1)
+
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; max-width: 70em; color: #222; }
+.text { font-family: ui-monospace, monospace; font-size: 13px; line-height: 1.9; white-space: pre-wrap;
+        word-break: break-word; border: 1px solid #ccc; padding: .6em; background: #fafafa; }
+.step { border-left: 2px solid #777; padding-left: 1px; }
+.pre { background: #e2e2e2; }
+.acc { background: #b7ebb7; }
+.rej { background: #f7c1c1; color: #9c0000; text-decoration: line-through; }
+.bonus { background: #bcd4ff; }
+.legend span { padding: 0 .4em; margin-right: .6em; font-family: ui-monospace, monospace; }
+.legend .step { border-left: 2px solid #777; padding: 0; margin-right: .2em; }
+table.toc td { padding: 0 .8em 0 0; }
+pre.prompt { white-space: pre-wrap; background: #f4f4f4; padding: .5em; }
+"""
+
+LEGEND = (
+    '<p class="legend"><span class="pre">prefill token</span><span class="acc">accepted drafted token</span>'
+    '<span class="rej">drafter&#x27;s first rejected token</span><span class="bonus">bonus token (the target&#x27;s own)</span>'
+    '<span class="step">&nbsp;</span>a verify step starts</p>'
+    "<p>Each box is one verify step: the drafted tokens the target accepted, then the bonus token it commits itself; "
+    "where the draft was rejected, the drafter&#x27;s token at that slot is shown struck through before the bonus "
+    "(hover it for the whole rejected draft). τ = tokens committed per verify step, bonus included (plain decoding = 1). "
+    "↵ marks a newline inside a coloured token.</p>"
+)
+
+
+def _span(cls: str, text: str, title: str) -> str:
+    shown = html.escape(text).replace("\n", "↵\n") if cls != "pre" else html.escape(text)
+    return f'<span class="{cls}" title="{html.escape(title)}">{shown}</span>'
+
+
+def _reference_html(r: dict[str, Any]) -> str:
+    ref, P = r["reference_pieces"], r["prompt_tokens"]
+    out = [_span("pre", ref[0], "first token: from the prefill, before any verify step")] if ref else []
+    for i, b in enumerate(r["blocks"]):
+        o, a = b["anchor_pos"] - P, b["accepted"]
+        parts = [_span("acc", ref[o + 1 + k], f"step {i + 1}: slot {k + 1} accepted") for k in range(a)]
+        if b["bonus"] is not None:
+            if a < len(b["proposal"]):
+                rejected = "".join(b["proposal"][a:])
+                parts.append(_span("rej", b["proposal"][a] or "\ufffd", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"))
+            parts.append(_span("bonus", b["bonus"], f"step {i + 1}: bonus token after {a} accepted"))
+        out.append(f'<span class="step" title="{html.escape(f"step {i + 1}: {a} accepted")}">{"".join(parts)}</span>')
+    return "".join(out)
+
+
+def samples_html(records: list[dict[str, Any]], title: str = "") -> str:
+    e = html.escape
+    toc = "".join(f'<tr><td><a href="#s{n}">{e(r["id"])}</a></td><td>{e(r["subset"])}</td><td>τ {r["acceptance_length"] or 0:.3f}</td>'
+                  f'<td>{r["steps"]} steps</td></tr>' for n, r in enumerate(records))
+    body = []
+    for n, r in enumerate(records):
+        tau = f'{r["acceptance_length"]:.3f}' if r["acceptance_length"] is not None else "n/a"
+        body.append(
+            f'<section id="s{n}"><h2>{e(r["id"])} <small>({e(r["subset"])})</small>: τ = {tau} over {r["steps"]} verify steps</h2>'
+            f'<details><summary>prompt ({r["prompt_tokens"]} tokens rendered)</summary><pre class="prompt">{e(r["prompt"])}</pre></details>'
+            f'<div class="text">{_reference_html(r)}</div></section>'
+        )
+    head = f"Samples{': ' + e(title) if title else ''}"
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{head}</title><style>{CSS}</style></head><body>'
+            f'<h1>{head}</h1>{LEGEND}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n')
+
+
+def artifacts(records: list[dict[str, Any]], title: str = "") -> dict[str, bytes]:
+    """The files a run logs: samples.json and samples.html."""
+    return {"samples.json": samples_json(records).encode(), "samples.html": samples_html(records, title).encode()}
