@@ -19,19 +19,8 @@ from dflash import config as config_mod
 config_mod.register()
 
 
-def sample_rows(res, num_samples: int) -> list[dict]:
-    """One row per verify step of the first `num_samples` prompts (samples.json)."""
-    tok, rows = res.tokenizer, []
-    for r in res.prompts[:num_samples]:
-        seq = r.prompt_ids + r.reference
-        for i, b in enumerate(r.blocks):
-            rows.append({"id": r.prompt.id, "subset": r.prompt.subset, "prompt": r.prompt.messages[-1][1], "reference": tok.decode(r.reference),
-                         "block": i, "anchor": tok.decode([seq[b.anchor_pos]]), "proposal": tok.decode(b.proposal), "accepted": b.accepted,
-                         "accepted_text": tok.decode(b.proposal[: b.accepted])})
-    return rows
-
-
 def log_result(run, res, cfg: dict) -> None:
+    from dflash import plots, samples
     from dflash.pipeline import per_prompt_row
 
     info = res.info
@@ -43,7 +32,7 @@ def log_result(run, res, cfg: dict) -> None:
     run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=res.curves)
     run.log_text(OmegaConf.to_yaml(OmegaConf.create(cfg)), "config.yaml")
     run.log_table([per_prompt_row(r) for r in res.prompts], "per_prompt.json")
-    run.log_table(sample_rows(res, int(cfg["num_samples"])), "samples.json")
+    run.log_files({**plots.run_plots(res.total, info.run_name), **samples.artifacts(res.samples, info.run_name)})
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -22,9 +22,10 @@ from dflash.drafter import ATTENTION_BACKENDS
 from dflash.errors import ConfigError, PromptError
 from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
 from dflash.progress import Progress, log
-from dflash.prompts import Prompt, load_prompts, render
+from dflash.prompts import Prompt, load_prompts, render, round_robin
 from dflash.references import ReferenceStats, get_references
 from dflash.replay import Block, evaluate_sequence
+from dflash.samples import sample_record
 from dflash.target import Target, load_target, tapped_forward
 
 
@@ -64,17 +65,18 @@ class EvalResult:
     metrics: dict[str, float]  # MLflow names (dflash.metrics.summarize)
     curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
     prompts: list[PromptResult]
+    total: Counters  # summed over prompts
+    samples: list[dict[str, Any]]  # dflash.samples records of `num_samples` prompts, one per subset in turn
     timings: dict[str, float]
     info: RunInfo
     warnings: list[str] = field(default_factory=list)
-    tokenizer: Any = None  # the target's, to decode samples
 
 
 def per_prompt_row(r: PromptResult) -> dict[str, Any]:
     """The per-prompt counters as one flat row (per_prompt.json; what dflash.compare pairs)."""
     c = r.counters
     return {"id": r.prompt.id, "subset": r.prompt.subset, "prompt_tokens": len(r.prompt_ids), "new_tokens": c.new_tokens, "steps": c.steps,
-            "committed": c.committed, "acceptance_length": c.committed / c.steps if c.steps else None, "tf_correct": c.tf_correct,
+            "committed": c.committed, "acceptance_length": c.committed / c.steps if c.steps else None, "accepted_at_pos": c.accepted_at_pos, "tf_correct": c.tf_correct,
             "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll) if scored(c) else None}
 
 
@@ -212,4 +214,6 @@ def run(cfg: EvalConfig) -> EvalResult:
         target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
         stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
     )
-    return EvalResult(metrics, curves, results, timings, info, drafter.warnings, target.tokenizer)
+    shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
+    samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings)

@@ -30,13 +30,11 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         f"{ref.hits} cached, {ref.generated} generated"
     )
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
-    tok = res.tokenizer
-    for r in res.prompts[:1]:
-        seq = r.prompt_ids + r.reference
-        lines.append(f"-- sample {r.prompt.id} ({r.prompt.subset}): first blocks, [accepted] rest")
-        for b in r.blocks[:max_blocks]:
-            acc, rest = tok.decode(b.proposal[: b.accepted]), tok.decode(b.proposal[b.accepted :])
-            lines.append(f"   {tok.decode([seq[b.anchor_pos]])!r} -> [{acc!r}] {rest!r}  ({b.accepted} accepted)")
+    for s in res.samples[:1]:  # dflash.samples records
+        lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")
+        for b in s["blocks"][:max_blocks]:
+            a, anchor = b["accepted"], s["reference_pieces"][b["anchor_pos"] - s["prompt_tokens"]]
+            lines.append(f"   {anchor!r} -> [{''.join(b['proposal'][:a])!r}] {''.join(b['proposal'][a:])!r}  ({a} accepted)")
     for w in res.warnings:
         lines.append(f"WARNING: {w}")
     if where:

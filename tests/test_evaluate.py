@@ -61,9 +61,11 @@ def test_default_evaluation_logs_everything(tmp_path):
     assert t["group.target"] == "smollm2_135m" and t["group.drafter"] == "fixed" and t["git_commit"] and t["version.torch"] and t["device"] == "cpu"
     assert run.data.params["prompts.max_new_tokens"] == "24" and run.data.params["target.template.enable_thinking"] == "False"
     arts = {a.path for a in c.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "samples.json", "per_prompt.json"} <= arts
+    assert {"config.yaml", "samples.json", "samples.html", "per_prompt.json", "plots"} <= arts
     samples = json.loads(Path(c.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text())
-    assert {"prompt", "reference", "proposal", "accepted"} <= set(samples["columns"])
+    assert len(samples) == 2 and {s["subset"] for s in samples} == {"train_like", "fresh"}  # one record per prompt, every subset
+    assert all({"prompt", "reference", "acceptance_length", "blocks"} <= set(s) for s in samples)
+    assert {"anchor_pos", "proposal", "accepted", "bonus"} <= set(samples[0]["blocks"][0])
 
 
 def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
