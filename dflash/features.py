@@ -19,8 +19,10 @@ taps the union and `Features.taps(taps_a)` slices per drafter.
 
 Not in the key: chunk size and thread count, which change the states only by float rounding.
 
-    feats, stats = get_features(target, [x + r for x, r in zip(prompts, refs)], [drafter_taps], cache_dir)
-    taps = feats[i].taps(drafter_taps)                          # [T, n*H]
+    stats = FeatureStats()
+    for f in iter_features(target, [x + r for x, r in zip(prompts, refs)], [drafter_taps], cache_dir, stats=stats):
+        taps = f.taps(drafter_taps)                             # [T, n*H], one sequence at a time
+    # get_features(...) -> (list[Features], FeatureStats): the same, all at once
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -67,7 +69,7 @@ class FeatureStats:
     sequences: int = 0
     memory_hits: int = 0  # sequences served from this process's memory
     disk_hits: int = 0  # ... from the disk cache (some layers may have come from memory)
-    computed: int = 0  # sequences that ran the target (for all requested layers or the missing ones)
+    computed: int = 0  # distinct sequences that ran the target (for all requested layers or the missing ones)
     computed_tokens: int = 0
     bytes_written: int = 0
     cache_bytes: int = 0  # the disk cache's size after this stage
@@ -138,6 +140,19 @@ class DiskCache:
                 continue
             out.append((st.st_mtime_ns, st.st_size, p))
         return sorted(out)
+
+    def layers(self, key: str, tokens: int) -> set[int]:
+        """The layers this key's file holds, from its header only."""
+        from safetensors import SafetensorError, safe_open
+
+        p = self.path(key)
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                meta = f.metadata() or {}
+                ok = meta.get("key") == key and int(meta.get("tokens", -1)) == tokens
+                return {int(n.removeprefix("layer_")) for n in f.keys()} if ok else set()
+        except (OSError, SafetensorError, ValueError):
+            return set()
 
     def read(self, key: str, tokens: int, layers: Sequence[int] | None = None) -> dict[int, Tensor]:
         """The requested layers (None: all) this key's file holds (an unreadable or foreign file holds none)."""
@@ -228,7 +243,7 @@ def _validate(max_cache_gb: float, memory_gb: float, chunk_tokens: int | None) -
             raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
 
 
-def get_features(
+def iter_features(
     target: Target,
     seqs: Sequence[Sequence[int]],
     layer_sets: Sequence[Sequence[int]],
@@ -237,60 +252,67 @@ def get_features(
     max_cache_gb: float = 10.0,
     memory_gb: float = 2.0,
     chunk_tokens: int | None = 1024,
-) -> tuple[list[Features], FeatureStats]:
-    """Tapped states of every sequence (token ids of prompt + reference) for the union of `layer_sets`
-    (one layer list per drafter): from memory, from disk, or one truncated target pass per sequence
-    for the layers neither holds. `cache=False`: compute everything, keep nothing."""
+    stats: FeatureStats | None = None,
+) -> Iterator[Features]:
+    """Tapped states of each sequence (token ids of prompt + reference) for the union of `layer_sets`
+    (one layer list per drafter), in order, one at a time (so the caller never holds them all): from
+    memory, from disk, or one truncated target pass for the layers neither holds. `stats` (if given)
+    is filled as it goes; `cache=False`: compute everything, keep nothing."""
     _validate(max_cache_gb, memory_gb, chunk_tokens)
-    t0 = time.perf_counter()
-    order = list(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
-    if not order:
-        raise ConfigError("get_features needs at least one tap layer")
-    union = tuple(order)
+    union = tuple(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
+    if not union:
+        raise ConfigError("the feature stage needs at least one tap layer")
     H, mem_cap = target.hidden_size, int(memory_gb * 1e9)
     disk = DiskCache(cache_dir, int(max_cache_gb * 1e9)) if cache else None
-    stats = FeatureStats(sequences=len(seqs))
+    stats = stats if stats is not None else FeatureStats()
+    stats.sequences = len(seqs)
     keys = [feature_key(target, s) for s in seqs]
-    have: list[dict[int, Tensor]] = []
-    for key, seq in zip(keys, seqs):  # what memory and disk hold
-        got = {L: _MEMORY[(key, L)] for L in union if cache and (key, L) in _MEMORY}
-        from_disk = disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
-        got.update({L: t.to(target.head_device) for L, t in from_disk.items()})
-        if len(got) == len(union):
-            stats.disk_hits += bool(from_disk)
-            stats.memory_hits += not from_disk
-        have.append(got)
-    todo = [i for i, got in enumerate(have) if len(got) < len(union)]
-    tokens = sum(len(seqs[i]) for i in todo)
+    held = [{L for L in union if cache and (k, L) in _MEMORY} | (disk.layers(k, len(s)) if disk else set()) for k, s in zip(keys, seqs)]
+    tokens = sum(len(s) for s, h in zip(seqs, held) if not h.issuperset(union))
     log.info(
-        "features: %d sequences, %d tokens, taps %s on %s: %d in memory, %d on disk, %d to compute (%d tokens)%s",
-        len(seqs), sum(map(len, seqs)), list(union), target.device, stats.memory_hits, stats.disk_hits, len(todo), tokens,
-        "" if disk else " (cache off)",
+        "features: %d sequences, %d tokens, taps %s on %s: %d cached, %d to compute (%d tokens)%s",
+        len(seqs), sum(map(len, seqs)), list(union), target.device, sum(h.issuperset(union) for h in held),
+        sum(not h.issuperset(union) for h in held), tokens, "" if disk else ", cache off",
     )
-    with Progress("features", total=tokens, unit="tok") as bar:
-        for i in todo:
-            missing = [L for L in union if L not in have[i]]
-            ids = torch.tensor([list(seqs[i])], device=target.device)
-            states = tapped_forward(target, ids, missing, chunk_tokens=chunk_tokens)[0]  # [T, m*H]
-            new = dict(zip(missing, states.split(H, dim=-1)))
-            _check_finite(new, i)
-            have[i].update(new)
-            if disk:
-                stats.bytes_written += disk.write(keys[i], len(seqs[i]), new)
-            stats.computed += 1
-            stats.computed_tokens += len(seqs[i])
-            bar.update(len(seqs[i]))
-    out = []
-    for key, got in zip(keys, have):
-        if cache:
-            for L in union:
-                _memory_put(key, L, got[L], mem_cap)
-        out.append(Features(key, union, torch.cat([got[L] for L in union], dim=-1)))
-    stats.seconds = time.perf_counter() - t0
-    if disk:
-        stats.cache_bytes = disk.size
-        log.info(
-            "features: done in %.1f s; cache %s holds %.1f MB (cap %.1f GB), %.1f MB written now",
-            stats.seconds, disk.root, disk.size / 1e6, disk.max_bytes / 1e9, stats.bytes_written / 1e6,
-        )
-    return out, stats
+    bar = Progress("features", total=tokens, unit="tok") if tokens else None
+    try:
+        for i, (key, seq) in enumerate(zip(keys, seqs)):
+            t0 = time.perf_counter()
+            got = {L: _MEMORY[(key, L)] for L in union if cache and (key, L) in _MEMORY}
+            from_disk = disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
+            got.update({L: t.to(target.head_device) for L, t in from_disk.items()})
+            missing = [L for L in union if L not in got]
+            if missing:
+                ids = torch.tensor([list(seq)], device=target.device)
+                new = dict(zip(missing, tapped_forward(target, ids, missing, chunk_tokens=chunk_tokens)[0].split(H, dim=-1)))
+                _check_finite(new, i)
+                got.update(new)
+                stats.bytes_written += disk.write(key, len(seq), new) if disk else 0
+                stats.computed += 1
+                stats.computed_tokens += len(seq)
+            else:
+                stats.disk_hits += bool(from_disk)
+                stats.memory_hits += not from_disk
+            if cache:
+                for L in union:
+                    _memory_put(key, L, got[L], mem_cap)
+            feats = Features(key, union, torch.cat([got[L] for L in union], dim=-1))
+            stats.seconds += time.perf_counter() - t0
+            if missing and bar is not None:
+                bar.update(len(seq))
+            yield feats
+    finally:
+        if bar is not None:
+            bar.close(ok=False)  # its clock ran during the caller's work too: the line below says what it cost
+    stats.cache_bytes = disk.size if disk else 0
+    log.info(
+        "features: %d computed (%d tokens), %d from memory, %d from disk in %.1f s%s", stats.computed, stats.computed_tokens,
+        stats.memory_hits, stats.disk_hits, stats.seconds,
+        f"; cache {disk.root} holds {disk.size / 1e6:.1f} MB (cap {disk.max_bytes / 1e9:.1f} GB), {stats.bytes_written / 1e6:.1f} MB written" if disk else "",
+    )
+
+
+def get_features(target: Target, seqs: Sequence[Sequence[int]], layer_sets: Sequence[Sequence[int]], cache_dir: str | Path = ".cache", **kw) -> tuple[list[Features], FeatureStats]:
+    """iter_features, all at once (small sets, tests): -> (features per sequence, stats)."""
+    stats = FeatureStats()
+    return list(iter_features(target, seqs, layer_sets, cache_dir, stats=stats, **kw)), stats

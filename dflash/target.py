@@ -298,7 +298,8 @@ def _convert_gguf(gguf: Path, tmp: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     bar = getattr(gguf_utils, "tqdm", None)  # transformers' raw tqdm over the tensors -> our Progress
-    gguf_utils.tqdm = lambda it, desc=None, **kw: track(it, "target: dequantizing GGUF", unit="tensor")
+    if bar is not None:
+        gguf_utils.tqdm = lambda it, desc=None, **kw: track(it, "target: dequantizing GGUF", unit="tensor")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     finally:
@@ -447,7 +448,8 @@ def load_target(
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
     folder = info.weights if info.weights is not None else _ensure_converted(info, cache)
-    log.info("target: loading %s (%d layers, %s, %s)", info.source, info.num_layers, dtype, device_map or device)
+    via = f" (converted copy {folder})" if kind == "gguf" else ""
+    log.info("target: loading %s%s: %d layers, %s, %s", info.source, via, info.num_layers, dtype, device_map or device)
     t0 = time.perf_counter()
     if kind == "vlm_text":
         model = _load_vlm_text(folder, info.config, tdtype, attn, device_map)

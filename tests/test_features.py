@@ -12,7 +12,7 @@ import torch
 
 from dflash import features as F
 from dflash.errors import ConfigError, TargetError
-from dflash.features import DiskCache, clear_memory, feature_key, get_features
+from dflash.features import DiskCache, FeatureStats, clear_memory, feature_key, get_features, iter_features
 from dflash.target import forward, load_target, tapped_forward
 
 
@@ -219,3 +219,17 @@ def test_bad_feature_settings_are_config_errors(qwen3_target, tmp_path):
     for kw, name in ((dict(chunk_tokens=0), "chunk_tokens"), (dict(max_cache_gb=-1), "max_cache_gb"), (dict(memory_gb="x"), "memory_gb")):
         with pytest.raises(ConfigError, match=f"features.{name}"):
             get_features(qwen3_target, _seqs(1), [[1]], tmp_path, **kw)
+
+
+def test_a_sequence_given_twice_is_computed_once(qwen3_target, tmp_path):
+    seqs = _seqs(2)
+    feats, s = get_features(qwen3_target, [seqs[0], seqs[1], seqs[0]], [[1, 2]], tmp_path)
+    assert s.computed == 2 and torch.equal(feats[0].states, feats[2].states)
+
+
+def test_iter_features_computes_one_sequence_at_a_time(qwen3_target, tmp_path):
+    stats = FeatureStats()
+    it = iter_features(qwen3_target, _seqs(3), [[1]], tmp_path, stats=stats)
+    first = next(it)
+    assert stats.computed == 1 and first.states.shape == (20, 64)
+    assert len(list(it)) == 2 and stats.computed == 3 and stats.seconds > 0
