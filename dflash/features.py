@@ -69,7 +69,7 @@ class FeatureStats:
     sequences: int = 0
     memory_hits: int = 0  # sequences served from this process's memory
     disk_hits: int = 0  # ... from the disk cache (some layers may have come from memory)
-    computed: int = 0  # distinct sequences that ran the target (for all requested layers or the missing ones)
+    computed: int = 0  # sequences that ran the target (for all requested layers or the missing ones)
     computed_tokens: int = 0
     bytes_written: int = 0
     cache_bytes: int = 0  # the disk cache's size after this stage
@@ -141,21 +141,26 @@ class DiskCache:
             out.append((st.st_mtime_ns, st.st_size, p))
         return sorted(out)
 
+    @staticmethod
+    def _stored(f, key: str, tokens: int) -> set[int]:
+        """Layers of an open file, if it is this key's (a foreign or stale file holds none)."""
+        meta = f.metadata() or {}
+        if meta.get("key") != key or int(meta.get("tokens", -1)) != tokens:
+            return set()
+        return {int(n.removeprefix("layer_")) for n in f.keys()}
+
     def layers(self, key: str, tokens: int) -> set[int]:
         """The layers this key's file holds, from its header only."""
         from safetensors import SafetensorError, safe_open
 
-        p = self.path(key)
         try:
-            with safe_open(str(p), framework="pt") as f:
-                meta = f.metadata() or {}
-                ok = meta.get("key") == key and int(meta.get("tokens", -1)) == tokens
-                return {int(n.removeprefix("layer_")) for n in f.keys()} if ok else set()
+            with safe_open(str(self.path(key)), framework="pt") as f:
+                return self._stored(f, key, tokens)
         except (OSError, SafetensorError, ValueError):
             return set()
 
     def read(self, key: str, tokens: int, layers: Sequence[int] | None = None) -> dict[int, Tensor]:
-        """The requested layers (None: all) this key's file holds (an unreadable or foreign file holds none)."""
+        """The requested layers (None: all) this key's file holds."""
         from safetensors import SafetensorError, safe_open
 
         p = self.path(key)
@@ -163,10 +168,7 @@ class DiskCache:
             return {}
         try:
             with safe_open(str(p), framework="pt") as f:
-                meta = f.metadata() or {}
-                if meta.get("key") != key or int(meta.get("tokens", -1)) != tokens:
-                    return {}
-                stored = {int(n.removeprefix("layer_")) for n in f.keys()}
+                stored = self._stored(f, key, tokens)
                 got = {L: f.get_tensor(f"layer_{L}") for L in (stored if layers is None else layers) if L in stored}
         except (OSError, SafetensorError, ValueError) as e:
             log.warning("features: ignoring unreadable cache file %s (%s); it will be rewritten", p, e)
@@ -282,9 +284,11 @@ def iter_features(
             from_disk = disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
             got.update({L: t.to(target.head_device) for L, t in from_disk.items()})
             missing = [L for L in union if L not in got]
+            states = None
             if missing:
                 ids = torch.tensor([list(seq)], device=target.device)
-                new = dict(zip(missing, tapped_forward(target, ids, missing, chunk_tokens=chunk_tokens)[0].split(H, dim=-1)))
+                states = tapped_forward(target, ids, missing, chunk_tokens=chunk_tokens)[0]  # [T, m*H]
+                new = dict(zip(missing, states.split(H, dim=-1)))
                 _check_finite(new, i)
                 got.update(new)
                 stats.bytes_written += disk.write(key, len(seq), new) if disk else 0
@@ -296,7 +300,9 @@ def iter_features(
             if cache:
                 for L in union:
                     _memory_put(key, L, got[L], mem_cap)
-            feats = Features(key, union, torch.cat([got[L] for L in union], dim=-1))
+            if states is None or len(missing) < len(union):
+                states = torch.cat([got[L] for L in union], dim=-1)  # [T, n*H]
+            feats = Features(key, union, states)
             stats.seconds += time.perf_counter() - t0
             if missing and bar is not None:
                 bar.update(len(seq))

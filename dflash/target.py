@@ -14,8 +14,9 @@ Sources (`kind`):
 - `vlm_text`: a vision-language folder (Qwen3.5 / Qwen3.6, `model_type: qwen3_5`): only its text
   decoder is built and loaded, the vision tower's weights are never read.
 
-Weights are memory-mapped where the format allows (safetensors loaded in their stored dtype on CPU:
-pages are read when first touched, so layers a truncated forward never runs stay on disk).
+Weights are memory-mapped where the format allows (safetensors loaded on CPU in their stored dtype,
+by both loaders: pages are read when first touched, so layers a truncated forward never runs and the
+LM head stay on disk; another dtype is a converted copy in memory).
 Non-finite weights are refused naming the tensor; the check reads every weight, so it runs once per
 (identity, dtype) and is remembered under `<cache_dir>/targets/checked/`.
 
@@ -35,6 +36,7 @@ across the releases this project supports.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import os
@@ -51,7 +53,7 @@ import torch
 from torch import Tensor
 
 from dflash.errors import TargetError
-from dflash.progress import Progress, log, track
+from dflash.progress import log, track
 
 
 @dataclass
@@ -250,9 +252,10 @@ def inspect_target(kind: str, path: str, cache_dir: str | Path = ".cache", max_c
                 raise TargetError(f"{weights} has no text_config: not a vision-language checkpoint; use target.kind=hf")
     else:
         raise TargetError(f"unknown target kind {kind!r}; use gguf, hf or vlm_text")
-    gen = None
+    gen = None  # EOS ids as the loaded model gets them: from_pretrained reads generation_config.json; the
+    # VL text decoder is built from its config (from_config), whose generation config is the config's
     if weights is not None and (weights / "generation_config.json").is_file() and kind != "vlm_text":
-        gen = GenerationConfig.from_pretrained(str(weights)).eos_token_id  # what from_pretrained gives the model
+        gen = GenerationConfig.from_pretrained(str(weights)).eos_token_id
     gen = gen if gen is not None else getattr(config, "eos_token_id", None)
     limit = int(getattr(config, "max_position_embeddings", 0) or 0)
     max_context = min(max_context or limit or 1 << 30, limit or 1 << 30)
@@ -365,6 +368,7 @@ def _load_vlm_text(folder: Path, text_cfg: Any, dtype: torch.dtype, attn: str, d
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
+    text_cfg = copy.deepcopy(text_cfg)  # the model's own: the TargetInfo's stays as inspected
     text_cfg._attn_implementation = attn
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(text_cfg, dtype=dtype)
