@@ -233,3 +233,14 @@ def test_iter_features_computes_one_sequence_at_a_time(qwen3_target, tmp_path):
     first = next(it)
     assert stats.computed == 1 and first.states.shape == (20, 64)
     assert len(list(it)) == 2 and stats.computed == 3 and stats.seconds > 0
+
+
+def test_the_in_process_cache_is_bounded(qwen3_target, tmp_path):
+    seqs = _seqs(3)
+    one = 20 * 64 * 4  # bytes of one sequence's layer: [T, H] float32
+    get_features(qwen3_target, seqs, [[1]], tmp_path, memory_gb=2.5 * one / 1e9)  # room for two
+    assert len(F._MEMORY) == 2 and F._MEMORY_BYTES == 2 * one
+    _, s = get_features(qwen3_target, seqs[1:], [[1]], tmp_path, memory_gb=2.5 * one / 1e9)
+    assert (s.memory_hits, s.disk_hits, s.computed) == (2, 0, 0)
+    _, s = get_features(qwen3_target, seqs[:1], [[1]], tmp_path, memory_gb=2.5 * one / 1e9)
+    assert (s.memory_hits, s.disk_hits, s.computed) == (0, 1, 0)  # the oldest had gone: from disk
