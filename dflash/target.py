@@ -353,14 +353,18 @@ def check_finite(named: Iterable[tuple[str, Tensor]], what: str) -> None:
             )
 
 
+REMEMBER_CHECK_BYTES = 256 << 20  # below this the check costs less than reading its marker is worth
+
+
 def _check_once(model: Any, info: TargetInfo, dtype: torch.dtype, cache: Path) -> None:
-    """check_finite, once per (identity, dtype): it reads every weight, pages that a truncated forward
-    over a memory-mapped model would never touch."""
+    """check_finite, once per (identity, dtype) for weights big enough to matter: it reads every
+    weight, pages that a truncated forward over a memory-mapped model would never touch."""
     marker = cache / "targets" / "checked" / f"{info.identity}-{str(dtype).replace('torch.', '')}"
     if marker.is_file():
         return
     check_finite(model.named_parameters(), f"target {info.source}")
-    _try_write(marker, "finite\n")
+    if sum(p.numel() * p.element_size() for p in model.parameters()) >= REMEMBER_CHECK_BYTES:
+        _try_write(marker, "finite\n")
 
 
 def _load_vlm_text(folder: Path, text_cfg: Any, dtype: torch.dtype, attn: str, device_map: Any):

@@ -312,6 +312,7 @@ def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_pat
     checked = []
     real = T.check_finite
     monkeypatch.setattr(T, "check_finite", lambda named, what: checked.append(what) or real(named, what))
+    monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 0)  # remembered however small (the default skips tiny models)
     for dtype in ("float32", "float32", "bfloat16", "float32"):
         T._LAST = None  # a new process
         load_target("hf", str(folder), dtype=dtype, cache_dir=cache)
@@ -320,6 +321,12 @@ def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_pat
     T._LAST = None
     load_target("hf", str(folder), cache_dir=cache)
     assert len(checked) == 3
+    monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 1 << 40)  # tiny weights: checked every load, nothing written
+    other = tmp_path / "cache2"
+    for _ in range(2):
+        T._LAST = None
+        load_target("hf", str(folder), cache_dir=other)
+    assert len(checked) == 5 and not (other / "targets").exists()
 
 
 # --- GGUF: signals during the conversion leave no temporary folder ---------------------------------
