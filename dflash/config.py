@@ -84,6 +84,14 @@ class ReferencesConfig:
 
 
 @dataclass
+class FeaturesConfig:
+    cache: bool = True  # reuse tapped states: on disk across runs, in memory across the jobs of a -m sweep
+    max_cache_gb: float = 10.0  # disk cap of <cache_dir>/features; least recently used files go first
+    memory_gb: float = 2.0  # in-process cap
+    chunk_tokens: Optional[int] = 1024  # positions per target pass on long sequences (bounds activations); null: one pass
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     uri: str = "sqlite:///mlflow.db"
@@ -99,6 +107,7 @@ class EvalConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = ".cache"
     seed: int = 0

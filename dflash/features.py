@@ -1,0 +1,324 @@
+"""The feature stage: the target's tapped hidden states over every prompt + reference, computed once.
+
+A sequence's features are the outputs of the tapped decoder layers at every position ([T, n*H],
+DFLASH.md §1), from `target.tapped_forward`: the forward stops after the deepest tap (no later
+layer, no LM head) and long sequences run in chunks of `chunk_tokens` through the KV cache. They
+depend only on the target (identity, dtype, device type, attention implementation), the token ids
+and the taps, so they are cached by that content:
+
+- in process: a least-recently-used dict bounded by `memory_gb`, so the jobs of a `-m` sweep in one
+  process compute them once;
+- on disk: `<cache_dir>/features/<key[:2]>/<key>.safetensors`, one file per sequence holding one
+  tensor per layer (`layer_<L>`, [T, H], the target's dtype). A request for layers the file holds
+  reads them; one for more computes only the missing layers and rewrites the file with all of them.
+  Written to a temp name and renamed; beyond `max_cache_gb` the least recently used files (mtime,
+  refreshed on every hit) are removed.
+
+Drafters with different taps share one forward: `get_features(target, seqs, [taps_a, taps_b])`
+taps the union and `Features.taps(taps_a)` slices per drafter.
+
+Not in the key: chunk size and thread count, which change the states only by float rounding.
+
+    stats = FeatureStats()
+    for f in iter_features(target, [x + r for x, r in zip(prompts, refs)], [drafter_taps], cache_dir, stats=stats):
+        taps = f.taps(drafter_taps)                             # [T, n*H], one sequence at a time
+    # get_features(...) -> (list[Features], FeatureStats): the same, all at once
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from dflash.errors import ConfigError, TargetError
+from dflash.progress import Progress, log
+from dflash.target import Target, tapped_forward
+
+
+@dataclass
+class Features:
+    """One sequence's tapped states: states[:, i*H:(i+1)*H] is the output of decoder layer layer_ids[i]."""
+
+    key: str
+    layer_ids: tuple[int, ...]
+    states: Tensor  # [T, n*H]
+
+    def taps(self, layer_ids: Sequence[int]) -> Tensor:
+        """-> [T, m*H] for `layer_ids` (a subset of self.layer_ids), in that order."""
+        if tuple(layer_ids) == self.layer_ids:
+            return self.states
+        H = self.states.shape[-1] // len(self.layer_ids)
+        pos = {L: i for i, L in enumerate(self.layer_ids)}
+        if any(L not in pos for L in layer_ids):
+            raise KeyError(f"taps {list(layer_ids)} are not all among the computed layers {list(self.layer_ids)}")
+        return torch.cat([self.states[:, pos[L] * H : (pos[L] + 1) * H] for L in layer_ids], dim=-1)
+
+
+@dataclass
+class FeatureStats:
+    sequences: int = 0
+    memory_hits: int = 0  # sequences served from this process's memory
+    disk_hits: int = 0  # ... from the disk cache (some layers may have come from memory)
+    computed: int = 0  # sequences that ran the target (for all requested layers or the missing ones)
+    computed_tokens: int = 0
+    bytes_written: int = 0
+    cache_bytes: int = 0  # the disk cache's size after this stage
+    seconds: float = 0.0
+
+    @property
+    def hits(self) -> int:
+        return self.memory_hits + self.disk_hits
+
+
+# --- keys ------------------------------------------------------------------------------------------
+
+
+def feature_key(target: Target, ids: Sequence[int]) -> str:
+    """Content key of one sequence's features on this target (every layer of it)."""
+    blob = json.dumps([target.identity, str(target.dtype), target.device.type, target.attn, list(ids)])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --- in-process cache --------------------------------------------------------------------------------
+
+_MEMORY: OrderedDict[tuple[str, int], Tensor] = OrderedDict()  # (key, layer) -> [T, H], oldest first
+_MEMORY_BYTES = 0
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def clear_memory() -> None:
+    """Forget the in-process cache (a benchmark's 'new process')."""
+    global _MEMORY_BYTES
+    _MEMORY.clear()
+    _MEMORY_BYTES = 0
+
+
+def _memory_put(key: str, layer: int, t: Tensor, cap: int) -> None:
+    global _MEMORY_BYTES
+    old = _MEMORY.pop((key, layer), None)
+    _MEMORY_BYTES += _nbytes(t) - (_nbytes(old) if old is not None else 0)
+    _MEMORY[(key, layer)] = t
+    while _MEMORY and _MEMORY_BYTES > cap:
+        _MEMORY_BYTES -= _nbytes(_MEMORY.popitem(last=False)[1])
+
+
+# --- disk cache --------------------------------------------------------------------------------------
+
+
+class DiskCache:
+    """One safetensors file per sequence under <root>/<key[:2]>/; size-capped, least recently used out."""
+
+    def __init__(self, cache_dir: str | Path, max_bytes: int):
+        self.root = Path(cache_dir).expanduser() / "features"
+        self.max_bytes = max_bytes
+        self.size = sum(s for _, s, _ in self._files())
+        self.writable = True
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.safetensors"
+
+    def _files(self) -> list[tuple[int, int, Path]]:
+        """(mtime_ns, bytes, path) of every entry, oldest first."""
+        out = []
+        for p in self.root.glob("*/*.safetensors"):
+            try:
+                st = p.stat()
+            except OSError:  # removed meanwhile by another process
+                continue
+            out.append((st.st_mtime_ns, st.st_size, p))
+        return sorted(out)
+
+    @staticmethod
+    def _stored(f, key: str, tokens: int) -> set[int]:
+        """Layers of an open file, if it is this key's (a foreign or stale file holds none)."""
+        meta = f.metadata() or {}
+        if meta.get("key") != key or int(meta.get("tokens", -1)) != tokens:
+            return set()
+        return {int(n.removeprefix("layer_")) for n in f.keys()}
+
+    def layers(self, key: str, tokens: int) -> set[int]:
+        """The layers this key's file holds, from its header only."""
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(self.path(key)), framework="pt") as f:
+                return self._stored(f, key, tokens)
+        except (OSError, SafetensorError, ValueError):
+            return set()
+
+    def read(self, key: str, tokens: int, layers: Sequence[int] | None = None) -> dict[int, Tensor]:
+        """The requested layers (None: all) this key's file holds."""
+        from safetensors import SafetensorError, safe_open
+
+        p = self.path(key)
+        if not p.is_file():
+            return {}
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                stored = self._stored(f, key, tokens)
+                got = {L: f.get_tensor(f"layer_{L}") for L in (stored if layers is None else layers) if L in stored}
+        except (OSError, SafetensorError, ValueError) as e:
+            log.warning("features: ignoring unreadable cache file %s (%s); it will be rewritten", p, e)
+            return {}
+        if got:
+            try:
+                os.utime(p)  # least recently used = oldest mtime
+            except OSError:
+                pass
+        return got
+
+    def write(self, key: str, tokens: int, layers: dict[int, Tensor]) -> int:
+        """Add `layers` to this key's file (keeping the layers it held); -> bytes written (0: not writable)."""
+        from safetensors.torch import save_file
+
+        if not self.writable:
+            return 0
+        p = self.path(key)
+        old = p.stat().st_size if p.is_file() else 0
+        merged = {**(self.read(key, tokens) if old else {}), **layers}
+        tensors = {f"layer_{L}": t.detach().to("cpu").contiguous() for L, t in merged.items()}
+        meta = {"key": key, "tokens": str(tokens), "layers": ",".join(str(L) for L in sorted(merged))}
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
+            os.close(fd)
+            try:
+                save_file(tensors, tmp, metadata=meta)
+                os.replace(tmp, p)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            self.writable = False
+            log.warning("features: cannot write the cache under %s (%s); features are computed but not kept", self.root, e)
+            return 0
+        new = p.stat().st_size
+        self.size += new - old
+        if self.size > self.max_bytes:
+            self.evict()
+        return new
+
+    def evict(self) -> None:
+        files = self._files()
+        self.size = sum(s for _, s, _ in files)
+        for _, s, p in files:
+            if self.size <= self.max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            self.size -= s
+            log.info("features: cache over %.2f GB: removed %s (%.1f MB, least recently used)", self.max_bytes / 1e9, p.name, s / 1e6)
+
+
+# --- the stage -----------------------------------------------------------------------------------------
+
+
+def _check_finite(states: dict[int, Tensor], seq_index: int) -> None:
+    for L, t in states.items():
+        bad = ~torch.isfinite(t).all(dim=-1)  # [T]
+        if bool(bad.any()):
+            pos = int(bad.nonzero()[0])
+            raise TargetError(
+                f"the target's hidden states are not finite: sequence {seq_index} (prompt index), layer {L}, first at "
+                f"position {pos} of {t.shape[0]}; the target overflows in {str(t.dtype).replace('torch.', '')}: run it in "
+                "bfloat16 or float32 (device.dtype / target.dtype)"
+            )
+
+
+def _validate(max_cache_gb: float, memory_gb: float, chunk_tokens: int | None) -> None:
+    if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+        raise ConfigError(f"features.chunk_tokens={chunk_tokens!r}: use a positive number of tokens, or null for one pass")
+    for name, v in (("max_cache_gb", max_cache_gb), ("memory_gb", memory_gb)):
+        if not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
+
+
+def iter_features(
+    target: Target,
+    seqs: Sequence[Sequence[int]],
+    layer_sets: Sequence[Sequence[int]],
+    cache_dir: str | Path = ".cache",
+    cache: bool = True,
+    max_cache_gb: float = 10.0,
+    memory_gb: float = 2.0,
+    chunk_tokens: int | None = 1024,
+    stats: FeatureStats | None = None,
+) -> Iterator[Features]:
+    """Tapped states of each sequence (token ids of prompt + reference) for the union of `layer_sets`
+    (one layer list per drafter), in order, one at a time (so the caller never holds them all): from
+    memory, from disk, or one truncated target pass for the layers neither holds. `stats` (if given)
+    is filled as it goes; `cache=False`: compute everything, keep nothing."""
+    _validate(max_cache_gb, memory_gb, chunk_tokens)
+    union = tuple(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
+    if not union:
+        raise ConfigError("the feature stage needs at least one tap layer")
+    H, mem_cap = target.hidden_size, int(memory_gb * 1e9)
+    disk = DiskCache(cache_dir, int(max_cache_gb * 1e9)) if cache else None
+    stats = stats if stats is not None else FeatureStats()
+    stats.sequences = len(seqs)
+    keys = [feature_key(target, s) for s in seqs]
+    held = [{L for L in union if cache and (k, L) in _MEMORY} | (disk.layers(k, len(s)) if disk else set()) for k, s in zip(keys, seqs)]
+    tokens = sum(len(s) for s, h in zip(seqs, held) if not h.issuperset(union))
+    log.info(
+        "features: %d sequences, %d tokens, taps %s on %s: %d cached, %d to compute (%d tokens)%s",
+        len(seqs), sum(map(len, seqs)), list(union), target.device, sum(h.issuperset(union) for h in held),
+        sum(not h.issuperset(union) for h in held), tokens, "" if disk else ", cache off",
+    )
+    bar = Progress("features", total=tokens, unit="tok") if tokens else None
+    try:
+        for i, (key, seq) in enumerate(zip(keys, seqs)):
+            t0 = time.perf_counter()
+            got = {L: _MEMORY[(key, L)] for L in union if cache and (key, L) in _MEMORY}
+            from_disk = disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
+            got.update({L: t.to(target.head_device) for L, t in from_disk.items()})
+            missing = [L for L in union if L not in got]
+            states = None
+            if missing:
+                ids = torch.tensor([list(seq)], device=target.device)
+                states = tapped_forward(target, ids, missing, chunk_tokens=chunk_tokens)[0]  # [T, m*H]
+                new = dict(zip(missing, states.split(H, dim=-1)))
+                _check_finite(new, i)
+                got.update(new)
+                stats.bytes_written += disk.write(key, len(seq), new) if disk else 0
+                stats.computed += 1
+                stats.computed_tokens += len(seq)
+            else:
+                stats.disk_hits += bool(from_disk)
+                stats.memory_hits += not from_disk
+            if cache:
+                for L in union:
+                    _memory_put(key, L, got[L], mem_cap)
+            if states is None or len(missing) < len(union):
+                states = torch.cat([got[L] for L in union], dim=-1)  # [T, n*H]
+            feats = Features(key, union, states)
+            stats.seconds += time.perf_counter() - t0
+            if missing and bar is not None:
+                bar.update(len(seq))
+            yield feats
+    finally:
+        if bar is not None:
+            bar.close(ok=False)  # its clock ran during the caller's work too: the line below says what it cost
+    stats.cache_bytes = disk.size if disk else 0
+    log.info(
+        "features: %d computed (%d tokens), %d from memory, %d from disk in %.1f s%s", stats.computed, stats.computed_tokens,
+        stats.memory_hits, stats.disk_hits, stats.seconds,
+        f"; cache {disk.root} holds {disk.size / 1e6:.1f} MB (cap {disk.max_bytes / 1e9:.1f} GB), {stats.bytes_written / 1e6:.1f} MB written" if disk else "",
+    )
+
+
+def get_features(target: Target, seqs: Sequence[Sequence[int]], layer_sets: Sequence[Sequence[int]], cache_dir: str | Path = ".cache", **kw) -> tuple[list[Features], FeatureStats]:
+    """iter_features, all at once (small sets, tests): -> (features per sequence, stats)."""
+    stats = FeatureStats()
+    return list(iter_features(target, seqs, layer_sets, cache_dir, stats=stats, **kw)), stats
