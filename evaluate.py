@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dflash import config as config_mod
+from dflash.errors import UserError
 
 config_mod.register()
 
@@ -61,7 +62,7 @@ def main(cfg: DictConfig) -> float:
         with run:
             res = pipeline.run(c)
             log_result(run, res, params)
-    except pipeline.USER_ERRORS as e:
+    except UserError as e:
         print(f"dflash-eval: error: {e}", file=sys.stderr)
         sys.exit(2)
     print(report.summary(res, run.where()))

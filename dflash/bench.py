@@ -37,7 +37,8 @@ def stage_table(label: str, timings: dict[str, float], wall: float) -> str:
 
 
 def online(cfg: dict, n: int) -> str:
-    target, drafter = pipeline.load_models(cfg, {})
+    t = cfg.target
+    target, drafter = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
     pc = cfg.prompts
     prompts = load_prompts(pc.source, pc.path, n, pc.subsets)
     ids = [render(p, target.tokenizer, vars(cfg.target.template)) for p in prompts]

@@ -26,7 +26,8 @@ from dflash.prompts import Prompt, load_prompts, render, round_robin
 from dflash.references import ReferenceStats, get_references
 from dflash.replay import Block, evaluate_sequence
 from dflash.samples import sample_record
-from dflash.target import Target, load_target, tapped_forward
+from dflash.features import FeatureStats, iter_features
+from dflash.target import Target, TargetInfo, inspect_target, load_target
 
 
 @dataclass
@@ -122,13 +123,12 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
             )
 
 
-def load_models(cfg: EvalConfig, timings: dict[str, float]) -> tuple[Target, LoadedDrafter]:
+def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float]) -> tuple[Target, LoadedDrafter]:
+    """The target's weights (after `inspect_target`), then the drafter fitted to it."""
     device, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     t, d = cfg.target, cfg.drafter
-    log.info("target: loading %s (%s) on %s in %s", t.name, t.path, device, dtype)
     with timed(timings, "load_target"):
-        target = load_target(t.kind, t.path, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir,
-                             max_context=t.max_context, device_map=cfg.device.device_map)
+        target = load_target(info, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir, device_map=cfg.device.device_map)
     with timed(timings, "load_drafter"):
         overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
         if d.kind == "init":  # shape the random drafter by the target config's defaults
@@ -143,6 +143,16 @@ def load_models(cfg: EvalConfig, timings: dict[str, float]) -> tuple[Target, Loa
         drafter.model.to(device=target.head_device, dtype=target.dtype).eval().requires_grad_(False)  # beside the last layers
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     return target, drafter
+
+
+def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], list[list[int]]]:
+    """The selected prompts, rendered through the target's chat template, checked against its context."""
+    pc = cfg.prompts
+    prompts = load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets)
+    ids = [render(p, info.tokenizer, vars(cfg.target.template)) for p in prompts]
+    check_lengths(prompts, ids, pc.max_new_tokens, info.max_context)
+    log.info("prompts: %d from %s (%s), %d tokens", len(prompts), pc.path or pc.source, ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids)))
+    return prompts, ids
 
 
 def _default_name(d: DrafterSchema) -> str:
@@ -160,15 +170,15 @@ def run_name(d: DrafterSchema, step: int | None = None) -> str:
 
 def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prompts: list[Prompt], ids: list[list[int]],
                    refs: list[list[int]], timings: dict[str, float]) -> list[PromptResult]:
-    """Features (one target pass per prompt + reference) then the replay of every prompt."""
+    """Features (one truncated target pass per prompt + reference, or the feature cache) then the
+    replay of every prompt, one prompt at a time (features are never all held at once)."""
     backend, layer_ids = cfg.attention.drafter, drafter.model.cfg.target_layer_ids
     chunk = int(cfg.anchors_per_chunk or (256 if target.device.type == "cuda" else 32))
-    out = []
-    log.info("replay: %d prompts, %d reference tokens", len(prompts), sum(map(len, refs)))
-    with Progress("features + replay", total=sum(map(len, refs)), unit="tok") as bar:
-        for p, x, r in zip(prompts, ids, refs):
-            with timed(timings, "features"):
-                taps = tapped_forward(target, torch.tensor([x + r], device=target.device), layer_ids)[0]  # [T, n*H]
+    fstats, out = FeatureStats(), []
+    feats = iter_features(target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features))
+    with Progress("replay", total=sum(map(len, refs)), unit="tok") as bar:
+        for p, x, r, f in zip(prompts, ids, refs, feats):
+            taps = f.taps(layer_ids)  # [T, n*H]
             with timed(timings, "replay"):
                 t0 = time.perf_counter()
                 c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, scores=cfg.scores)
@@ -179,19 +189,21 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
                     leak = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]
             out.append(PromptResult(p, x, r, c, blocks, leak))
             bar.update(len(r))
+    timings["features"] = fstats.seconds
     return out
 
 
 def run(cfg: EvalConfig) -> EvalResult:
     timings: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
-    target, drafter = load_models(cfg, timings)
-    pc = cfg.prompts
-    with timed(timings, "prompts"):
-        prompts = load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets)
-        ids = [render(p, target.tokenizer, vars(cfg.target.template)) for p in prompts]
-        check_lengths(prompts, ids, pc.max_new_tokens, target.max_context)
-    rc = cfg.references
+    resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
+    # cheap checks first: everything that needs no target weights
+    with timed(timings, "prepare"):
+        t = cfg.target
+        info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
+        prompts, ids = load_prompt_ids(cfg, info)
+    target, drafter = load_models(cfg, info, timings)
+    pc, rc = cfg.prompts, cfg.references
     with timed(timings, "references"):
         refs, ref_stats = get_references(target, ids, pc.max_new_tokens, vars(cfg.target.template), cfg.cache_dir, source=rc.source,
                                          batch_size=rc.batch_size, url=rc.url, model=rc.model, use_cache=rc.use_cache)
