@@ -1,83 +1,235 @@
-"""Benchmark: where the evaluation's time goes, and the online speedup. Prints figures only.
+"""Benchmark: every cost ratio of the evaluator, measured in one run. Prints figures only.
 
-    python -m dflash.bench [overrides...]              # the default job, cold then warm
-    python -m dflash.bench --online 4 [overrides...]   # also target-only vs DFlash decoding, 4 prompts
+    python -m dflash.bench [--sweep 2] [--online 12] [--skip generation,scale] [--scale qwen3_8b] [overrides...]
 
-Cold = references generated (the reference cache is bypassed); warm = references read from the
-cache. Both runs load the target from the converted cache, as every run after the first does.
-Online: wall time per output token of plain greedy decoding (batch 1, KV cache) against the
-draft-verify loop (speculative.py) on the same prompts, same backend: the speedup of §3.
+Sections (each a ratio of two times or sizes measured here, in this run):
+1. `sweep`: one evaluation as a new process runs it (target loaded from its converted copy,
+   references cached, features computed) against N checkpoints in one process as `-m drafter.step=..`
+   runs them (the target loaded once, the features computed once); then a new process whose
+   features are on disk, against the first run's feature time; then one more checkpoint with the
+   target loaded and the features in memory: the warm cost per checkpoint. Checkpoints: the N
+   latest steps of `drafter.run_dir` (the same one N times for other drafter kinds). Features are
+   computed in a fresh feature cache (the converted target and the references are shared).
+2. `online`: the online draft-verify loop (speculative.py) against target-only decoding on the
+   same prompts, batch 1 (speed.bench_online; on CUDA also against transformers' static compiled
+   `generate`), and the warm per-checkpoint cost of section 1 against the online loop's time.
+3. `generation`: local references' engine against transformers' `generate` (default cache; static
+   compiled on CUDA), batch 1 and 12 (speed.bench_generation).
+4. `scale`: a random target of another shape (`--scale qwen3_8b`, created once under
+   `<cache_dir>/bench/`, not committed): the feature pass's peak RSS against the weights' bytes (a
+   child process reading the safetensors memory-mapped) and its time on the same token counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from dflash import config as config_mod
-from dflash import pipeline
+from dflash import features, pipeline
 from dflash import target as target_mod
-from dflash.prompts import load_prompts, render
-from dflash.references import greedy_generate
-from dflash.speculative import speculative_generate
+from dflash.checkpoint import list_steps, find_path
+from dflash.progress import configure, log
+from dflash.speed import bench_generation, bench_online, format_generation, format_online
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+SHAPES = {  # random targets for `scale`: transformers config class and fields
+    "qwen3_8b": ("Qwen3Config", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                                     rope_theta=1e6, tie_word_embeddings=False)),
+}
 
 
-def stage_table(label: str, timings: dict[str, float], wall: float) -> str:
-    rows = [f"{label}: {wall:.1f} s wall"]
-    for k, v in timings.items():
-        rows.append(f"  {k:<13} {v:7.2f} s  {100 * v / wall:5.1f} %")
-    rows.append(f"  {'other':<13} {wall - sum(timings.values()):7.2f} s  {100 * (wall - sum(timings.values())) / wall:5.1f} %")
-    return "\n".join(rows)
+def fresh_process(cfg: config_mod.EvalConfig | None = None) -> None:
+    """Forget what this process holds (loaded target, in-memory features), as a new process would;
+    with `cfg`, also the features on disk."""
+    target_mod._LAST = None
+    features.clear_memory()
+    if cfg is not None:
+        shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
 
 
-def online(cfg: dict, n: int) -> str:
+def timed_run(cfg: config_mod.EvalConfig) -> tuple[float, pipeline.EvalResult]:
+    t = time.perf_counter()
+    res = pipeline.run(cfg)
+    return time.perf_counter() - t, res
+
+
+def evaluate_processes(cfg: config_mod.EvalConfig, overrides: list[str], jobs: list[config_mod.EvalConfig]) -> tuple[float, float]:
+    """Wall seconds of `python evaluate.py` on the first checkpoint and of `-m` over all of them, as a
+    user runs them (imports, MLflow logging to a temporary store included), each with no features cached."""
+    root = Path(__file__).resolve().parents[1]
+    steps = ",".join(str(j.drafter.step) for j in jobs)
+    times = []
+    with tempfile.TemporaryDirectory(prefix="dflash-bench-store-") as store:
+        env = {**os.environ, "DFLASH_CACHE_DIR": cfg.cache_dir, "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}
+        for flag, step in (([], jobs[0].drafter.step), (["-m"], steps)):
+            shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
+            cmd = [sys.executable, str(root / "evaluate.py"), *flag, *overrides, f"drafter.step={step}", f"hydra.run.dir={store}/run",
+                   f"hydra.sweep.dir={store}/multi"]
+            t = time.perf_counter()
+            subprocess.run(cmd, cwd=store, env=env, check=True, capture_output=True)
+            times.append(time.perf_counter() - t)
+    return times[0], times[1]
+
+
+def checkpoints(cfg: config_mod.EvalConfig, n: int) -> list[config_mod.EvalConfig]:
+    d = cfg.drafter
+    steps = list_steps(find_path(d.run_dir))[-n:] if d.kind == "training" and d.run_dir else []
+    if len(steps) < n:
+        return [cfg] * n
+    return [replace(cfg, drafter=replace(d, step=s)) for s in steps]
+
+
+def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str, pipeline.EvalResult, float]:
+    jobs = checkpoints(cfg, n)
+    fresh_process(cfg)
+    w1, r1 = timed_run(jobs[0])
+    f1 = r1.timings["features"]
+    fresh_process(cfg)  # the sweep computes them again, once
+    t = time.perf_counter()
+    for job in jobs:
+        pipeline.run(job)
+    wn = time.perf_counter() - t
+    fresh_process()
+    w3, r3 = timed_run(jobs[0])  # a new process: features from disk
+    warm, rw = timed_run(jobs[-1])  # target loaded, features in memory
+    names = ", ".join(j.drafter.name or pipeline.run_name(j.drafter) for j in jobs)
+    procs = ""
+    if cfg.drafter.kind == "training" and len({j.drafter.step for j in jobs}) == n:
+        p1, pn = evaluate_processes(cfg, overrides, jobs)
+        procs = f"\n  as processes (python evaluate.py, MLflow included): one run {p1:.1f} s, the -m sweep {pn:.1f} s: {pn / p1:.2f}x one run"
+    lines = [
+        f"sweep of {n} checkpoints ({names}) in one process vs one single run:",
+        f"  single run {w1:.2f} s (features {f1:.2f} s, replay {r1.timings.get('replay', 0):.2f} s, load target {r1.timings.get('load_target', 0):.2f} s); "
+        f"sweep {wn:.2f} s: {wn / w1:.2f}x one run (target <= 1.4x for 2)" + procs,
+        f"  a new process with features on disk: features {r3.timings['features']:.3f} s = {r3.timings['features'] / f1:.1%} of the first run's "
+        f"(target <= 20%), run {w3:.2f} s",
+        f"  warm per checkpoint (target loaded, features in memory): {warm:.2f} s (replay {rw.timings.get('replay', 0):.2f} s)",
+        f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over {int(r1.metrics['prompts'])} prompts",
+    ]
+    return "\n".join(lines), rw, warm
+
+
+def online(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, warm: float, n: int) -> str:
+    fresh_process()
     t = cfg.target
     target, drafter = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
-    pc = cfg.prompts
-    prompts = load_prompts(pc.source, pc.path, n, pc.subsets)
-    ids = [render(p, target.tokenizer, vars(cfg.target.template)) for p in prompts]
-    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
-    greedy_generate(target, ids[:1], 8, 1), speculative_generate(target, drafter.model, ids[0], 8)  # warm-up
-    base_t = spec_t = 0.0
-    base_n = spec_n = steps = 0
-    for x in ids:
-        sync(); t = time.perf_counter()
-        ref = greedy_generate(target, [x], pc.max_new_tokens, 1)[0]
-        sync(); base_t += time.perf_counter() - t
-        out = speculative_generate(target, drafter.model, x, pc.max_new_tokens, cfg.attention.drafter)
-        sync(); spec_t += out.counters.wall_s
-        base_n += len(ref); spec_n += len(out.tokens); steps += out.counters.steps
-    tpt_base, tpt_spec = base_t / base_n, spec_t / spec_n
-    return (
-        f"online, {len(ids)} prompts, batch 1, {target.device}: target-only {1 / tpt_base:.1f} tok/s, DFlash {1 / tpt_spec:.1f} tok/s "
-        f"(τ {(spec_n - len(ids)) / max(steps, 1):.2f}), speedup {tpt_base / tpt_spec:.2f}x"
+    prompts = [r.prompt_ids for r in res.prompts[:n]]
+    cuda = target.device.type == "cuda"
+    o = bench_online(target, drafter.model, prompts, cfg.prompts.max_new_tokens, compile=cuda, hf_static=cuda, backend=cfg.attention.drafter)
+    spec = o.rate("dflash")
+    share = len(prompts) / len(res.prompts)  # the offline run covered every prompt
+    return format_online(o) + (
+        f"\n  offline evaluation per checkpoint (warm, {len(res.prompts)} prompts) {warm:.2f} s vs the online loop on the same prompts "
+        f"{spec.seconds / share:.2f} s{' (scaled from ' + str(len(prompts)) + ' prompts)' if share < 1 else ''}: "
+        f"{spec.seconds / share / warm:.1f}x cheaper (target >= 5x on CPU, >= 100x on GPU)"
     )
+
+
+def generation(cfg: config_mod.EvalConfig, res: pipeline.EvalResult) -> str:
+    fresh_process()
+    t = cfg.target
+    target, _ = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
+    g = bench_generation(target, [r.prompt_ids for r in res.prompts], cfg.prompts.max_new_tokens, batches=(1, 12))
+    return format_generation(g)
+
+
+def random_target(shape: str, cache_dir: str, tokenizer) -> Path:
+    """A random-weight target of `shape` saved once (bf16 safetensors) under <cache_dir>/bench/."""
+    import transformers
+
+    folder = Path(cache_dir, "bench", shape)
+    if (folder / "config.json").is_file():
+        return folder
+    cls, fields = SHAPES[shape]
+    config = getattr(transformers, cls)(**fields)
+    log.info("scale: creating a random %s target under %s (once)", shape, folder)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=shape + ".tmp-", dir=folder.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    del model
+    os.rename(tmp, folder)
+    return folder
+
+
+def scale_child(folder: str, lengths: list[int], device: str) -> None:
+    """In a child process: load the random target memory-mapped, run the feature pass, print JSON."""
+    configure(False)
+    t = target_mod.load_target("hf", folder, dtype="bfloat16", device=device)
+    L = t.num_layers
+    taps = [round(1 + i * (L - 4) / 4) for i in range(5)]
+    ids = [torch.randint(0, t.vocab_size, (n,)).tolist() for n in lengths]
+    t0 = time.perf_counter()
+    for f in features.iter_features(t, ids, [taps], cache=False):
+        f.taps(taps)
+    secs = time.perf_counter() - t0
+    weights = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "weights": weights, "seconds": secs,
+                      "tokens": sum(lengths), "taps": taps}))
+
+
+def scale(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, shape: str) -> str:
+    folder = random_target(shape, cfg.cache_dir, res.tokenizer)
+    lengths = [len(r.prompt_ids) + len(r.reference) for r in res.prompts]
+    device = "cuda" if torch.cuda.is_available() and cfg.device.name != "cpu" else "cpu"
+    out = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-child", str(folder), device, json.dumps(lengths)],
+                         capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return (f"scale: random {shape} ({r['weights'] / 1e9:.2f} GB of bf16 weights, taps {r['taps']}), feature pass over {r['tokens']} tokens "
+            f"on {device}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 1e9:.2f} GB = {r['peak_rss'] / r['weights']:.2f}x the weights "
+            f"(target <= 1.3x on CPU); SmolLM2 on the same tokens: {res.timings['features']:.2f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--online", type=int, default=0, help="prompts for the online speedup measurement (0: skip)")
+    ap.add_argument("--sweep", type=int, default=2, help="checkpoints in the sweep section")
+    ap.add_argument("--online", type=int, default=12, help="prompts for the online loop (0: skip)")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: generation, scale")
+    ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES), help="the random target shape of the scale section")
+    ap.add_argument("--scale-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    if a.scale_child:
+        return scale_child(a.scale_child[0], json.loads(a.scale_child[2]), a.scale_child[1])
+    configure(True)
+    from hydra import compose, initialize_config_dir
+
     config_mod.register()
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = config_mod.to_object(compose("config", overrides=a.overrides))
-    for label, use_cache in (("cold (references generated)", False), ("warm (references cached)", True)):
-        cfg.references.use_cache = use_cache
-        target_mod._LAST = None  # load the target again, as a new process would
-        t = time.perf_counter()
-        res = pipeline.run(cfg)
-        wall = time.perf_counter() - t
-        print(stage_table(label, res.timings, wall))
-        print(f"  τ {res.metrics['acceptance_length']:.3f}, {int(res.metrics['new_tokens'])} new tokens, {int(res.metrics['prompts'])} prompts")
-    if a.online:
-        print(online(cfg, a.online))
+    skip = set(filter(None, a.skip.split(",")))
+    with tempfile.TemporaryDirectory(prefix="dflash-bench-") as tmp:  # a fresh feature cache; the rest shared
+        real = Path(cfg.cache_dir).resolve()
+        for sub in ("targets", "references", "bench"):
+            (real / sub).mkdir(parents=True, exist_ok=True)
+            os.symlink(real / sub, Path(tmp, sub))
+        cfg = replace(cfg, cache_dir=tmp)
+        pipeline.run(cfg)  # references generated and the target converted if this machine has not yet: not timed
+        report = [f"dflash.bench on {torch.get_num_threads()} CPU threads, torch {torch.__version__}, device {cfg.device.name}"]
+        text, res, warm = sweep(cfg, a.sweep, a.overrides)
+        report.append(text)
+        print(text, flush=True)
+        for name, fn in (("online", lambda: online(cfg, res, warm, a.online) if a.online else ""),
+                         ("generation", lambda: generation(cfg, res)), ("scale", lambda: scale(cfg, res, a.scale))):
+            if name not in skip and (text := fn()):
+                report.append(text)
+                print(text, flush=True)
+    print("\n== summary\n" + "\n".join(report))
 
 
 if __name__ == "__main__":
