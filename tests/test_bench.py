@@ -1,0 +1,25 @@
+"""`python -m dflash.bench` end to end on the tiny Qwen3 target: every section prints its ratios.
+No timing is asserted (the figures are the benchmark's output, not a test's)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_prints_every_section(tmp_path, qwen3_dir):
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "dflash.bench", "--online", "2", "--skip", "scale", "target=local", f"target.path={qwen3_dir}", "drafter=init",
+           "target.mask_token_id=3", "target.template.use_chat_template=false", "prompts.num_prompts=3", "prompts.max_new_tokens=12",
+           "tracking.enabled=false"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = r.stdout.split("== summary")[1]
+    for line in ["sweep of 2 checkpoints", "x one run", "of the first run's", "warm per checkpoint", "online, batch 1", "x target-only",
+                 "cheaper", "generation (cpu", "engine"]:
+        assert line in summary, (line, summary)
