@@ -11,10 +11,12 @@ from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dflash import train as T
-from dflash.data import Sequence
+from dflash.train.data import Sequence
+from dflash.progress import configure
 from dflash.references import greedy_generate
 from dflash.target import Target
 
+configure()  # the trainer's progress lines on stderr
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 bs = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 nb = int(sys.argv[3]) if len(sys.argv) > 3 else 32

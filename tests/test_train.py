@@ -1,12 +1,11 @@
-"""The trainer (dflash/train.py) and its data (dflash/data.py), on tiny random targets.
-
-Each of the three bugs of DFLASH.md §4 has a test of its mechanism; flex vs dense loss runs where
-CUDA exists (skipped on CPU).
+"""The trainer's pieces (dflash/train/) on tiny random targets: anchors, labels, loss, schedule,
+noise, config checks, and each of the three bugs of DFLASH.md §4 by its mechanism; flex vs dense
+loss where CUDA exists (skipped on CPU). The fixtures here (tiny_target, greedy_seqs, tiny_cfg)
+serve test_train_loop.py and test_train_data.py too.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,18 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash import train as T
-from dflash.data import Sequence
+from dflash.checkpoint import init_config
 from dflash.drafter import DFlashDrafter
+from dflash.errors import ConfigError
 from dflash.target import Target, forward
+from dflash.train.batch import Batcher, sample_anchors, step_batch
+from dflash.train.config import BugsConfig, check
+from dflash.train.data import Sequence
+from dflash.train.labels import block_labels, final_tap_is_normed, greedy_labels_from_hidden, noised
+from dflash.train.loss import dflash_loss
+from dflash.train.step import StepSettings, lr_at, variant_inputs
+from dflash.train.taps import needed_layers, target_states
+from dflash.train.variants import parse_variant, resolve_variants, variant_layer_ids
 
 VOCAB, H, LAYERS = 96, 32, 4
 
@@ -75,7 +83,7 @@ def seqs(target):
 def test_anchors_inside_responses():
     g = torch.Generator().manual_seed(0)
     P, L = torch.tensor([5, 10, 3]), torch.tensor([30, 13, 4])
-    a, v = T.sample_anchors(P, L, 8, g)
+    a, v = sample_anchors(P, L, 8, g)
     for s in range(3):
         got = a[s][v[s]].tolist()
         assert got == sorted(set(got)), "anchors are distinct and sorted"
@@ -85,7 +93,7 @@ def test_anchors_inside_responses():
 
 def test_labels_are_tokens_at_anchor_plus_k():
     ids = torch.arange(100, 120)[None]  # one sequence, T = 12 real tokens, padded to 20
-    lab, valid = T.block_labels(ids, torch.tensor([12]), torch.tensor([[4, 9]]), torch.tensor([[True, True]]), 4)
+    lab, valid = block_labels(ids, torch.tensor([12]), torch.tensor([[4, 9]]), torch.tensor([[True, True]]), 4)
     assert lab[0, 0].tolist() == [104, 105, 106, 107] and valid[0, 0].tolist() == [False, True, True, True]
     assert lab[0, 1].tolist() == [109, 110, 111, 112] and valid[0, 1].tolist() == [False, True, True, False]  # 12 is past T
 
@@ -98,31 +106,43 @@ def test_loss_is_position_weighted_and_normalised():
     ce = torch.nn.functional.cross_entropy(logits.view(-1, V), labels.view(-1), reduction="none").view(1, 2, B)
     w = torch.exp(-(torch.arange(B) - 1) / 7.0)
     want = sum(ce[0, n, k] * w[k] for n in range(2) for k in range(1, B) if valid[0, n, k]) / sum(w[k] for n in range(2) for k in range(1, B) if valid[0, n, k])
-    assert torch.allclose(T.dflash_loss(logits, labels, valid, 7.0), want)
-    assert torch.allclose(T.dflash_loss(logits, labels, valid, 7.0, dilution_bug=True), ce.mean())
+    assert torch.allclose(dflash_loss(logits, labels, valid, 7.0), want)
+    assert torch.allclose(dflash_loss(logits, labels, valid, 7.0, dilution_bug=True), ce.mean())
 
 
 def test_lr_schedule():
-    assert T.lr_at(0, 100, 10, 1.0, 0.1) == pytest.approx(0.1)
-    assert T.lr_at(9, 100, 10, 1.0, 0.1) == pytest.approx(1.0)
-    assert T.lr_at(99, 100, 10, 1.0, 0.1) == pytest.approx(0.1, abs=1e-3)
-    assert T.lr_at(55, 100, 10, 1.0, 0.1) == pytest.approx(0.55, abs=1e-6)
+    assert lr_at(0, 100, 10, 1.0, 0.1) == pytest.approx(0.1)
+    assert lr_at(9, 100, 10, 1.0, 0.1) == pytest.approx(1.0)
+    assert lr_at(99, 100, 10, 1.0, 0.1) == pytest.approx(0.1, abs=1e-3)
+    assert lr_at(55, 100, 10, 1.0, 0.1) == pytest.approx(0.55, abs=1e-6)
 
 
-def test_noise_touches_fc_inputs_only(target, seqs, tmp_path, monkeypatch):
-    """With augmentation noise and no bug, labels stay the greedy tokens; taps are noised."""
-    seen = {}
-    orig = T.block_labels
-
-    def spy(ids, *a, **k):
-        lab, v = orig(ids, *a, **k)
-        seen["clean"] = lab
-        return lab, v
-
-    monkeypatch.setattr(T, "block_labels", spy)
-    cfg = tiny_cfg(tmp_path, optim={"noise_std": 0.5, "steps": 1})
-    out = T.train(cfg, target=target, seqs=seqs, log=lambda *_: None)
+def test_noise_touches_fc_inputs_only(target, seqs, tmp_path):
+    """With augmentation noise and no bug, labels stay the greedy tokens and the taps are noised;
+    bug 1 alone changes the labels."""
+    batch = step_batch(Batcher(seqs, 3, 64, 2, 0), 0, 0, 4)
+    layers = [1, 2]
+    states = target_states(target, batch.ids, batch.seq_lens, needed_layers([layers], LAYERS, final=True))
+    model = DFlashDrafter(init_config(target, 1, 2, 5, 4, layers))
+    s = StepSettings("sdpa", None, 7.0, 1.0, 1.0, final_tap_is_normed(target))
+    fixed = variant_inputs(target, states, batch, model, BugsConfig(), s, torch.Generator().manual_seed(0))
+    assert torch.equal(fixed.labels, fixed.clean) and fixed.slot_valid.any()
+    assert not torch.equal(fixed.taps, states.select(layers)), "the fc inputs are noised"
+    bug = variant_inputs(target, states, batch, model, BugsConfig(noisy_labels=True), s, torch.Generator().manual_seed(0))
+    assert torch.equal(bug.taps, fixed.taps) and (bug.labels != bug.clean)[bug.slot_valid].any()
+    out = T.train(tiny_cfg(tmp_path, optim={"noise_std": 0.5, "steps": 1}), target=target, seqs=seqs)
     assert out["fixed"]["acc"] == out["fixed"]["acc_clean"]  # labels == greedy tokens
+
+
+def test_bad_config_values_name_their_field(tmp_path):
+    with pytest.raises(ConfigError, match="optim.attention"):
+        check(tiny_cfg(tmp_path, optim={"attention": "flash"}))
+    with pytest.raises(ConfigError, match="drafter.block_size"):
+        check(tiny_cfg(tmp_path, drafter={"block_size": 1}))
+    with pytest.raises(ConfigError, match="unknown variant"):
+        resolve_variants(tiny_cfg(tmp_path, variants=["fixed", "noisy_label"]))
+    assert parse_variant("noisy_labels+final_layer").bugs == BugsConfig(noisy_labels=True, final_layer=True)
+    assert [v.name for v in resolve_variants(tiny_cfg(tmp_path, bugs={"loss_dilution": True}))] == ["loss_dilution"]
 
 
 # --- the three bugs ---------------------------------------------------------------------------
@@ -135,19 +155,19 @@ def test_bug1_noisy_labels_differ_from_greedy_tokens(target, seqs):
     L = ids.shape[1]
     hidden = forward(target, ids, hidden_states=True).hidden_states
     anchors = torch.tensor([[seqs[0].prompt_len, seqs[0].prompt_len + 7, L - 5]])
-    clean, valid = T.block_labels(ids, torch.tensor([L]), anchors, torch.ones_like(anchors, dtype=torch.bool), B)
-    normed = T._last_hidden_is_normed(target)
-    same = T.greedy_labels_from_hidden(target, hidden[-1], anchors, B, normed)
+    clean, valid = block_labels(ids, torch.tensor([L]), anchors, torch.ones_like(anchors, dtype=torch.bool), B)
+    normed = final_tap_is_normed(target)
+    same = greedy_labels_from_hidden(target, hidden[-1], anchors, B, normed)
     assert torch.equal(same[valid], clean[valid]), "noise-free logits give back the greedy tokens"
     g = torch.Generator().manual_seed(0)
-    noisy = T.greedy_labels_from_hidden(target, T.noised(hidden[-1], 1.0, g), anchors, B, normed)
+    noisy = greedy_labels_from_hidden(target, noised(hidden[-1], 1.0, g), anchors, B, normed)
     assert (noisy[valid] != clean[valid]).float().mean() > 0.2, "the bug's labels differ from the greedy tokens"
 
 
 def test_bug2_block_sees_its_anchors_final_layer_feature(target, seqs):
     base = [1, 2]
-    ids_fixed = T.variant_layer_ids(base, LAYERS, T.BugsConfig())
-    ids_bug = T.variant_layer_ids(base, LAYERS, T.BugsConfig(final_layer=True))
+    ids_fixed = variant_layer_ids(base, LAYERS, BugsConfig())
+    ids_bug = variant_layer_ids(base, LAYERS, BugsConfig(final_layer=True))
     assert LAYERS - 1 not in ids_fixed and ids_bug[-1] == LAYERS - 1
     s = seqs[0]
     ids = torch.tensor([s.ids])
@@ -155,8 +175,6 @@ def test_bug2_block_sees_its_anchors_final_layer_feature(target, seqs):
     p = s.prompt_len + 3
     # the final layer's feature at p encodes token p+1: the shortcut
     assert target.lm_head(hidden[LAYERS][0, p]).argmax() == ids[0, p + 1]
-    from dflash.checkpoint import init_config
-
     cfg = init_config(target, 1, 2, 5, 4, ids_bug)
     d = DFlashDrafter(cfg).init_weights(0)
     taps = torch.cat([hidden[L + 1] for L in ids_bug], -1)
@@ -185,7 +203,7 @@ def test_bug3_gradient_on_slots_1_to_B_minus_1_shrinks():
     grads = {}
     for bug in (False, True):
         logits.grad = None
-        T.dflash_loss(logits, labels, valid, 7.0, dilution_bug=bug).backward()
+        dflash_loss(logits, labels, valid, 7.0, dilution_bug=bug).backward()
         g = logits.grad.norm(dim=-1)  # [S, N, B]
         grads[bug] = (g[valid].sum(), g.sum())
     fixed_useful, fixed_total = grads[False]
@@ -201,8 +219,6 @@ def test_bug3_gradient_on_slots_1_to_B_minus_1_shrinks():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flex_attention needs CUDA")
 @pytest.mark.parametrize("see_anchor", [False, True])
 def test_flex_and_dense_masks_give_the_same_loss(see_anchor):
-    from dflash.checkpoint import init_config
-
     tgt = tiny_target(device="cuda", head_dim=16)  # flex_attention's kernels need head_dim >= 16
     torch.manual_seed(0)
     S, L, N, B = 2, 128, 8, 16
@@ -212,140 +228,18 @@ def test_flex_and_dense_masks_give_the_same_loss(see_anchor):
     d = DFlashDrafter(cfg).init_weights(0).cuda()
     taps = torch.cat([hidden[2], hidden[3]], -1)
     g = torch.Generator().manual_seed(0)
-    anchors, bv = T.sample_anchors(torch.tensor([10, 20]), torch.tensor([L, L - 30]), N, g)
+    anchors, bv = sample_anchors(torch.tensor([10, 20]), torch.tensor([L, L - 30]), N, g)
     anchors, bv = anchors.cuda(), bv.cuda()
-    labels, valid = T.block_labels(ids, torch.tensor([L, L - 30], device="cuda"), anchors, bv, B)
+    labels, valid = block_labels(ids, torch.tensor([L, L - 30], device="cuda"), anchors, bv, B)
     blk = torch.full_like(labels, 5)
     blk[..., 0] = labels[..., 0]
     emb = tgt.embed(blk)
     losses, grads = {}, {}
     for backend in ("sdpa", "flex"):
         d.zero_grad()
-        loss = T.dflash_loss(tgt.lm_head(d(taps, emb, anchors, backend=backend, see_anchor=see_anchor)), labels, valid, 7.0)
+        loss = dflash_loss(tgt.lm_head(d(taps, emb, anchors, backend=backend, see_anchor=see_anchor)), labels, valid, 7.0)
         loss.backward()
         losses[backend], grads[backend] = loss.item(), d.fc.weight.grad.clone()
     # flex's Triton kernels may multiply fp32 in TF32: agreement to ~1e-3, not bit for bit
     assert losses["flex"] == pytest.approx(losses["sdpa"], rel=2e-3, abs=1e-4)
     assert torch.allclose(grads["flex"], grads["sdpa"], rtol=2e-2, atol=1e-4)
-
-
-# --- the loop: checkpoints, resume, export, lockstep variants --------------------------------
-
-
-def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
-    from dflash.checkpoint import load_drafter
-
-    cfg = tiny_cfg(tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 4}, export_steps=[2])
-    out = T.train(cfg, target=target, seqs=seqs, log=lambda *_: None)
-    assert set(out) == {"fixed", "noisy_labels", "final_layer", "loss_dilution"}
-    assert out["noisy_labels"]["acc"] != out["noisy_labels"]["acc_clean"] or out["noisy_labels"]["label_flip_rate"] > 0
-    for v in out:
-        run = tmp_path / "runs" / v
-        assert (run / "step_2" / "checkpoint.pt").is_file() and (run / "step_4" / "checkpoint.pt").is_file()
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        assert {"loss", "lr", "tokens_per_s"} <= set(rows[0]) and any("acc_1" in r for r in rows)
-        assert all(r["wall_s_per_step"] > 0 for r in rows if "acc_1" in r)
-        for step in (2, 4):  # exported weights-only folders load as kind=training
-            ld = load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=step)
-            assert ld.step == step
-    cfg_fl = json.loads((tmp_path / "ckpt" / "final_layer" / "step_4" / "config.json").read_text())
-    assert cfg_fl["dflash_config"]["target_layer_ids"][-1] == LAYERS - 1
-    # full checkpoints load too (evaluator path), and training resumes where it stopped
-    ld = load_drafter(target, "training", "fixed", run_dir=str(tmp_path / "runs" / "fixed"), step=4)
-    straight = T.train(tiny_cfg(tmp_path / "b", optim={"steps": 6}), target=target, seqs=seqs, log=lambda *_: None)
-    T.train(tiny_cfg(tmp_path / "c", optim={"steps": 6}, stop_after=3), target=target, seqs=seqs, log=lambda *_: None)
-    resumed = T.train(tiny_cfg(tmp_path / "c", optim={"steps": 6}), target=target, seqs=seqs, log=lambda *_: None)
-    a = torch.load(tmp_path / "b" / "runs" / "fixed" / "step_6" / "checkpoint.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "c" / "runs" / "fixed" / "step_6" / "checkpoint.pt", weights_only=True)["model"]
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), "resume reproduces the uninterrupted run"
-    assert ld.model.cfg.block_size == 4 and straight["fixed"]["step"] == resumed["fixed"]["step"] == 6
-
-
-def test_mlflow_one_run_per_variant(target, seqs, tmp_path):
-    mlflow = pytest.importorskip("mlflow")
-    cfg = tiny_cfg(tmp_path, variants=["fixed", "loss_dilution"], tracking={"enabled": True}, optim={"steps": 2})
-    T.train(cfg, target=target, seqs=seqs, log=lambda *_: None)
-    mlflow.set_tracking_uri(cfg.tracking.uri)
-    runs = mlflow.search_runs(experiment_names=["dflash-train/tiny"])
-    assert sorted(runs["tags.dflash.variant"]) == ["fixed", "loss_dilution"]
-    assert "metrics.acc_1" in runs and "metrics.tokens_per_s" in runs
-    rid = T.import_metrics(tmp_path / "runs" / "fixed", uri=cfg.tracking.uri, experiment="imported", target_name="tiny")
-    assert mlflow.get_run(rid).data.metrics["loss"] > 0
-
-
-# --- data ---------------------------------------------------------------------------------------
-
-
-def test_no_training_prompt_overlaps_an_evaluation_prompt():
-    from dflash.data import build_prompts, evaluation_prompts, overlaps, prompt_text, OverlapFilter
-
-    evals = evaluation_prompts()
-    assert {"builtin", "humaneval"} <= set(evals) and len(evals["humaneval"]) == 164
-    flat = [p for ps in evals.values() for p in ps]
-    train = build_prompts(8192, 0)
-    assert len(train) > 7000
-    filt = OverlapFilter(flat)
-    bad = [prompt_text(p) for p in train if filt.hits(prompt_text(p))]
-    assert not bad, bad[:3]
-    texts = {prompt_text(p) for p in flat}
-    assert not texts & {prompt_text(p) for p in train}
-    # the check itself catches what it should
-    e = prompt_text(evals["builtin"][0])
-    assert overlaps(e, "Intro. " + e) and overlaps(e, e.upper())
-    assert overlaps("A baker makes 14 trays of muffins with 9 muffins on each tray and more", e)
-    assert not overlaps("Write a Python function that adds two numbers.", e)
-
-
-def test_training_prompts_deterministic_and_mixed():
-    from dflash.data import build_prompts, prompt_text
-
-    a, b = build_prompts(500, 3), build_prompts(500, 3)
-    assert [prompt_text(p) for p in a] == [prompt_text(p) for p in b]
-    texts = [prompt_text(p) for p in a]
-    assert any("step" in t.lower() and any(c.isdigit() for c in t) for t in texts)  # arithmetic
-    assert any("`" in t for t in texts)  # coding
-
-
-def test_sequences_regenerated_and_cached(target, tmp_path):
-    from dflash.data import build_sequences
-    from dflash.prompts import Prompt
-
-    class Tok:
-        chat_template = None
-        pad_token_id = 2
-        eos_token_id = 2
-
-        def __call__(self, text, add_special_tokens=True):
-            return {"input_ids": [3 + (ord(c) % (VOCAB - 3)) for c in text]}
-
-    target.tokenizer = Tok()
-    try:
-        ps = [Prompt(id=str(i), subset="t", messages=(("user", f"task {i} abc"),)) for i in range(5)]
-        tmpl = {"use_chat_template": False}
-        s1 = build_sequences(target, ps, tmpl, 12, 64, 2, tmp_path, shard_size=2, min_response_tokens=1, log=lambda *_: None)
-        shards = sorted((tmp_path / "train_data").rglob("shard_*.pt"))
-        assert len(shards) == 3 and not list((tmp_path / "train_data").rglob("*.tmp"))
-        s2 = build_sequences(target, ps, tmpl, 12, 64, 2, tmp_path, shard_size=2, min_response_tokens=1, log=lambda *_: None)
-        assert [s.ids for s in s1] == [s.ids for s in s2]
-        for s in s1:  # the response is the target's greedy continuation
-            ids = torch.tensor([s.ids[: s.prompt_len]])
-            assert forward(target, ids).logits[0, -1].argmax().item() == s.ids[s.prompt_len]
-        import copy
-        import dataclasses
-
-        bf16 = dataclasses.replace(target, model=copy.deepcopy(target.model).to(torch.bfloat16))
-        build_sequences(bf16, ps, tmpl, 12, 64, 2, tmp_path, shard_size=2, min_response_tokens=1, log=lambda *_: None)
-        assert len(list((tmp_path / "train_data").iterdir())) == 2  # another dtype: other labels, another key
-    finally:
-        target.tokenizer = None
-
-
-def test_label_flip_stats_measure_what_bug1_does_to_the_labels(target, seqs):
-    """No noise flips nothing; more noise flips more; a position flips its majority only if >= half its draws flip."""
-    h = T.response_last_hidden(target, seqs)
-    assert h.shape == (sum(len(s.ids) - s.prompt_len for s in seqs), H)
-    normed = T._last_hidden_is_normed(target)
-    stats = [T.label_flip_stats(target, h, std, normed, draws=16, gen=torch.Generator().manual_seed(0)) for std in (0.0, 0.3, 1.0)]
-    assert stats[0]["flip_rate"] == 0 and stats[0]["majority_flip_rate"] == 0
-    assert 0 < stats[1]["flip_rate"] < stats[2]["flip_rate"] and stats[1]["majority_flip_rate"] <= stats[2]["majority_flip_rate"]
-    assert all(s["majority_flip_rate"] <= 2 * s["flip_rate"] + 1e-9 for s in stats)

@@ -1,0 +1,36 @@
+"""Reference DFlash trainer, with the three training bugs of DFLASH.md §4 as switches (off by default).
+
+    python -m dflash.train [target=...] [device=...] [key=value ...]      (conf/train.yaml)
+
+Per step, for S sequences (prompt + the target's greedy response):
+- one target pass taps every layer the variants need (`hidden_states[L + 1]` for tap L);
+- N anchors per sequence are sampled inside the response; each block is `[anchor, mask, ..., mask]`
+  at positions p .. p+B-1 and sees the context features of positions t < p and its own block,
+  bidirectionally (drafter.visibility_mask on CPU, the same mask as a flex_attention BlockMask on CUDA);
+- labels of slot k >= 1 are the target's greedy tokens at p + k (the regenerated sequence);
+- loss: cross-entropy weighted by exp(-(k-1)/gamma), normalised by the weight sum over valid slots;
+- AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA; optional
+  Gaussian noise (relative to each position's RMS) on the fc inputs only.
+
+Files, in the order data flows:
+    config.py       the schema (conf/train.yaml), registered with Hydra; field checks
+    prompts.py      training prompts (corpus.py's word lists), none overlapping an evaluation prompt
+    data.py         the target regenerates every response; token cache
+    variants.py     the bug switches: which variant has which bug, bug 2's taps
+    arch.py         the drafter built: taps, DrafterConfig, initial weights
+    batch.py        batches and anchors, functions of (seed, step)
+    taps.py         the one entry to the target's hidden states (dflash.target.tapped_forward)
+    labels.py       greedy labels, augmentation noise, bug 1's labels
+    loss.py         the weighted loss and bug 3's diluted one
+    step.py         one optimizer step of one variant, its counters
+    metrics.py      ratios of summed counters; metrics.jsonl and MLflow (through dflash.tracking)
+    checkpoints.py  resumable checkpoints, weights-only exports
+    loop.py         the loop: variants in lockstep, one target pass per step
+    __main__.py     the Hydra entry point
+"""
+
+from dflash.train.config import TrainConfig, register
+from dflash.train.loop import train
+from dflash.train.metrics import import_metrics
+
+__all__ = ["TrainConfig", "import_metrics", "register", "train"]

@@ -1,0 +1,61 @@
+"""A variant's run state on disk: resumable checkpoints and weights-only exports.
+
+- `<out_dir>/<variant>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config,
+  variant, bugs, and the throughput counters (`train_meta`); written atomically by
+  dflash.checkpoint, read back by the evaluator as kind=training.
+- `<export_dir>/<variant>/step_<N>/`: a weights-only bf16 HF folder (what checkpoints/ holds), for
+  `export_steps`, the last step and a stop.
+A run resumes from the latest checkpoint.pt of its folder: weights, optimizer, step, counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash.checkpoint import list_steps, save_hf_folder, save_training_checkpoint
+from dflash.drafter import DFlashDrafter
+from dflash.train.variants import Variant
+
+
+@dataclass
+class RunState:
+    variant: Variant
+    model: DFlashDrafter
+    opt: torch.optim.Optimizer
+    run_dir: Path
+    step: int = 0  # steps done
+    tokens: int = 0  # labelled slots trained on
+    time: float = 0.0  # the variant's own seconds (its steps plus its share of the target passes)
+
+
+def save_checkpoint(rs: RunState) -> Path:
+    path = rs.run_dir / f"step_{rs.step}" / "checkpoint.pt"
+    meta = {"tokens": rs.tokens, "time": rs.time}
+    save_training_checkpoint(path, rs.model, rs.opt, rs.step, {"variant": rs.variant.name, "bugs": vars(rs.variant.bugs), "train_meta": meta})
+    return path
+
+
+def export(rs: RunState, export_dir: str | None) -> Path | None:
+    if not export_dir:
+        return None
+    folder = Path(export_dir) / rs.variant.name / f"step_{rs.step}"
+    save_hf_folder(rs.model, folder)
+    return folder
+
+
+def try_resume(rs: RunState, device: torch.device) -> None:
+    """Load the latest checkpoint.pt of rs.run_dir into rs, if there is one."""
+    steps = [s for s in list_steps(rs.run_dir) if (rs.run_dir / f"step_{s}" / "checkpoint.pt").is_file()]
+    if not steps:
+        return
+    obj = torch.load(rs.run_dir / f"step_{steps[-1]}" / "checkpoint.pt", map_location=device, weights_only=True)
+    rs.model.load_state_dict(obj["model"])
+    if obj.get("optimizer"):
+        rs.opt.load_state_dict(obj["optimizer"])
+    rs.step = int(obj["step"])
+    meta: dict[str, Any] = obj.get("train_meta") or {}
+    rs.tokens, rs.time = int(meta.get("tokens", 0)), float(meta.get("time", 0.0))

@@ -1,0 +1,122 @@
+"""The trainer's config schema (conf/train.yaml), registered with Hydra as `train_schema`.
+
+`TrainConfig` is what `train()` reads (tests build it with OmegaConf.structured); `TrainSchema`
+types the shared groups (target, device, tracking) with dflash.config's schemas, so a typo or a
+wrong type in conf/train.yaml or an override fails at compose time. `check` names the field of any
+value the schema's types cannot refuse (an unknown backend, a non-positive size). This module and
+`__main__.py` are the only ones of the trainer that know Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dflash.config import DeviceConfig, TargetConfig, TrackingConfig
+from dflash.errors import ConfigError
+
+
+@dataclass
+class BugsConfig:
+    noisy_labels: bool = False  # bug 1: the augmentation noise also reaches the labels' logits
+    final_layer: bool = False  # bug 2: fc fed the target's final layer; a block sees its anchor's feature
+    loss_dilution: bool = False  # bug 3: plain mean CE over every slot, no position weights
+
+
+@dataclass
+class DrafterArch:
+    num_layers: int = 1
+    num_taps: int = 3
+    intermediate_size: Optional[int] = None  # default: the target's
+    block_size: int = 16
+    mask_token_id: Optional[int] = None  # default: target.mask_token_id
+    target_layer_ids: Optional[list[int]] = None  # default: target.default_taps, else the public spread
+
+
+@dataclass
+class DataConfig:
+    num_prompts: int = 8192
+    prompts_path: Optional[str] = None  # a JSONL of prompts (python -m dflash.train.prompts writes one); else built here
+    seed: int = 0
+    arithmetic_fraction: float = 0.3
+    max_new_tokens: int = 320
+    max_prompt_tokens: int = 192
+    min_response_tokens: int = 16
+    gen_batch_size: int = 256
+    shard_size: int = 1024
+
+
+@dataclass
+class OptimConfig:
+    steps: int = 2000
+    batch_size: int = 32  # sequences per step
+    blocks_per_seq: int = 32  # anchors sampled per sequence
+    max_seq_len: int = 512
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    gamma: float = 7.0
+    noise_std: float = 0.0  # Gaussian noise on the fc inputs, relative to each position's RMS
+    attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa | eager
+    target_dtype: str = "float32"  # the target's weights (labels and taps); the drafter trains in fp32 + autocast
+    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | none
+
+
+@dataclass
+class TrainConfig:
+    target: Any = None  # dflash.config.TargetConfig
+    device: Any = None  # dflash.config.DeviceConfig
+    tracking: Any = None  # dflash.config.TrackingConfig
+    drafter: DrafterArch = field(default_factory=DrafterArch)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    bugs: BugsConfig = field(default_factory=BugsConfig)
+    variants: Optional[list[str]] = None  # lockstep variants by name; None: one run with `bugs`
+    name: Optional[str] = None  # single-run name; default fixed, or the bug names joined by '+'
+    out_dir: str = "outputs/train"
+    export_dir: Optional[str] = None  # weights-only bf16 HF folders (checkpoints/)
+    export_steps: list[int] = field(default_factory=list)
+    save_every: int = 500
+    log_every: int = 10
+    metrics_every: int = 50  # per-position accuracy to MLflow / metrics.jsonl
+    cache_dir: str = ".cache"
+    seed: int = 0
+    max_minutes: Optional[float] = None  # stop (and checkpoint) once the process has run this long; resume later
+    stop_after: Optional[int] = None  # stop (and checkpoint) after this step; the schedule keeps optim.steps
+
+
+@dataclass
+class TrainSchema(TrainConfig):
+    target: TargetConfig = field(default_factory=TargetConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+
+
+ATTENTION = ("auto", "flex", "sdpa", "eager")
+AMP = ("auto", "bf16", "none")
+
+
+def check(cfg: Any) -> None:
+    """Raise ConfigError naming the first field whose value cannot work."""
+    o, d = cfg.optim, cfg.drafter
+    if o.attention not in ATTENTION:
+        raise ConfigError(f"optim.attention={o.attention!r}: use one of {', '.join(ATTENTION)}")
+    if o.amp not in AMP:
+        raise ConfigError(f"optim.amp={o.amp!r}: use one of {', '.join(AMP)}")
+    for name, value, low in (("optim.steps", o.steps, 1), ("optim.batch_size", o.batch_size, 1), ("optim.blocks_per_seq", o.blocks_per_seq, 1),
+                             ("optim.max_seq_len", o.max_seq_len, 2), ("drafter.block_size", d.block_size, 2), ("drafter.num_layers", d.num_layers, 1),
+                             ("save_every", cfg.save_every, 1), ("log_every", cfg.log_every, 1), ("metrics_every", cfg.metrics_every, 1)):
+        if int(value) < low:
+            raise ConfigError(f"{name}={value}: must be >= {low}")
+    if float(o.noise_std) < 0:
+        raise ConfigError(f"optim.noise_std={o.noise_std}: must be >= 0 (0: no augmentation noise)")

@@ -1,0 +1,109 @@
+"""Training metrics: counters summed over a window of steps, their ratios, and where they go.
+
+`Window` sums each step's `StepStats` between two metrics lines; `summarise` derives every ratio
+from those sums: accuracy per slot against the variant's own labels (`acc_k`) and against the
+target's greedy tokens (`acc_clean_k`: differs under bug 1 only), the expected acceptance length
+from them (`tf_expected_tau` = 1 + Σ_k Π_{i≤k} acc_i) and from exact prefixes (`tf_prefix_tau`).
+`Tracker` writes every row to `<run_dir>/metrics.jsonl` and, when tracking is on, to one MLflow
+run per variant through dflash.tracking (resumed runs keep logging to theirs); `import_metrics`
+logs a metrics.jsonl written without MLflow (the GPU machine) to a store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from dflash.train.step import StepStats
+
+
+@dataclass
+class Window:
+    hit_own: Tensor | int = 0  # [B-1]
+    hit_clean: Tensor | int = 0
+    count: Tensor | int = 0
+    prefix: Tensor | int = 0
+    loss: float = 0.0
+    n: int = 0  # steps
+    tokens: int = 0
+    time: float = 0.0  # the variant's own seconds
+    flip: float = 0.0
+
+    def add(self, m: StepStats, dt: float) -> None:
+        self.hit_own, self.hit_clean = self.hit_own + m.hit_own, self.hit_clean + m.hit_clean
+        self.count, self.prefix = self.count + m.count, self.prefix + m.prefix
+        self.loss, self.n, self.tokens, self.time, self.flip = self.loss + m.loss, self.n + 1, self.tokens + m.tokens, self.time + dt, self.flip + m.label_flip_rate
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.time, 1e-9)
+
+
+def summarise(w: Window, B: int) -> dict[str, float]:
+    """Ratios of a window's sums (w.count [B-1] > 0 somewhere)."""
+    assert isinstance(w.count, Tensor), "summarise needs a window with at least one step"
+    cnt = w.count.clamp(min=1)
+    own, clean = w.hit_own / cnt, w.hit_clean / cnt  # [B-1]
+    out = {"acc": float(w.hit_own.sum() / cnt.sum()), "acc_clean": float(w.hit_clean.sum() / cnt.sum())}
+    prod, tau = 1.0, 1.0
+    for k in range(1, B):
+        out[f"acc_{k}"] = float(own[k - 1])
+        out[f"acc_clean_{k}"] = float(clean[k - 1])
+        prod *= float(own[k - 1])
+        tau += prod
+    out["tf_expected_tau"] = tau  # 1 + sum_k prod_{i<=k} acc_i (teacher-forced, own labels)
+    out["tf_prefix_tau"] = 1.0 + float(w.prefix.sum() / w.count[0].clamp(min=1))
+    return out
+
+
+class Tracker:
+    """MLflow for one variant (optional), always mirrored to <run_dir>/metrics.jsonl."""
+
+    def __init__(self, tracking_cfg: Any, run_dir: Path, name: str, bugs: dict[str, bool], params: dict[str, Any], target_name: str):
+        self.file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        (run_dir / "params.json").write_text(json.dumps(params, indent=1, default=str))
+        self.run = None
+        t = tracking_cfg
+        if t is not None and t.enabled:
+            from dflash import tracking
+
+            rid_file = run_dir / "mlflow_run_id"
+            run_id = rid_file.read_text().strip() if rid_file.is_file() else None  # resumed: keep logging to it
+            tags = {"dflash.kind": "train", "dflash.variant": name, **{f"dflash.bug.{k}": str(v) for k, v in bugs.items()}}
+            self.run = tracking.Run(t.uri, t.experiment or f"dflash-train/{target_name}", name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id)
+            if not run_id:
+                rid_file.write_text(self.run.run_id)
+                self.run.log_params(params)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+        if self.run is not None:
+            self.run.log_metrics(metrics, step=step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.run is not None:
+            self.run.end()
+
+
+def import_metrics(run_dir: str | Path, uri: str = "sqlite:///mlflow.db", experiment: str | None = None, target_name: str = "smollm2_135m") -> str:
+    """Log a run's metrics.jsonl (written where MLflow was off, e.g. on the GPU machine) to MLflow -> run id."""
+    from dflash import tracking
+
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    tags = {"dflash.kind": "train", "dflash.variant": run_dir.name, "dflash.imported_from": str(run_dir / "metrics.jsonl"),
+            **{f"dflash.bug.{k}": str(v) for k, v in (summary.get("bugs") or {}).items()}}
+    with tracking.Run(uri, experiment or f"dflash-train/{target_name}", run_dir.name, tags=tags) as run:
+        if (run_dir / "params.json").is_file():
+            run.log_params(json.loads((run_dir / "params.json").read_text()))
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            step = int(row.pop("step"))
+            run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        return run.run_id

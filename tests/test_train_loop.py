@@ -1,0 +1,117 @@
+"""The training loop on tiny random targets: the trainer against its step written out, lockstep
+variants, checkpoints, resume, exports, MLflow.
+
+`test_trainer_equals_the_step_written_out` holds the trainer's weights, bit for bit, to the training
+step written out straight on the full forward's hidden_states (the route the trainer took before
+its taps came from one tapped_forward call per step).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash import train as T
+from dflash.target import forward
+from dflash.train.arch import base_layer_ids, drafter_config, init_drafter
+from dflash.train.batch import Batcher, sample_anchors
+from dflash.train.labels import block_labels, greedy_labels_from_hidden, noised
+from dflash.train.loss import dflash_loss
+from dflash.train.step import lr_at, make_optimizer
+from dflash.train.taps import needed_layers
+from dflash.train.variants import resolve_variants, variant_layer_ids
+from test_train import LAYERS, seqs, target, tiny_cfg  # noqa: F401 (fixtures)
+
+def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
+    from dflash.checkpoint import load_drafter
+
+    cfg = tiny_cfg(tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 4}, export_steps=[2])
+    out = T.train(cfg, target=target, seqs=seqs)
+    assert set(out) == {"fixed", "noisy_labels", "final_layer", "loss_dilution"}
+    assert out["noisy_labels"]["acc"] != out["noisy_labels"]["acc_clean"] or out["noisy_labels"]["label_flip_rate"] > 0
+    for v in out:
+        run = tmp_path / "runs" / v
+        assert (run / "step_2" / "checkpoint.pt").is_file() and (run / "step_4" / "checkpoint.pt").is_file()
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert {"loss", "lr", "tokens_per_s"} <= set(rows[0]) and any("acc_1" in r for r in rows)
+        assert all(r["wall_s_per_step"] > 0 for r in rows if "acc_1" in r)
+        for step in (2, 4):  # exported weights-only folders load as kind=training
+            ld = load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=step)
+            assert ld.step == step
+    cfg_fl = json.loads((tmp_path / "ckpt" / "final_layer" / "step_4" / "config.json").read_text())
+    assert cfg_fl["dflash_config"]["target_layer_ids"][-1] == LAYERS - 1
+    # full checkpoints load too (evaluator path), and training resumes where it stopped
+    ld = load_drafter(target, "training", "fixed", run_dir=str(tmp_path / "runs" / "fixed"), step=4)
+    straight = T.train(tiny_cfg(tmp_path / "b", optim={"steps": 6}), target=target, seqs=seqs)
+    T.train(tiny_cfg(tmp_path / "c", optim={"steps": 6}, stop_after=3), target=target, seqs=seqs)
+    resumed = T.train(tiny_cfg(tmp_path / "c", optim={"steps": 6}), target=target, seqs=seqs)
+    a = torch.load(tmp_path / "b" / "runs" / "fixed" / "step_6" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "c" / "runs" / "fixed" / "step_6" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), "resume reproduces the uninterrupted run"
+    assert ld.model.cfg.block_size == 4 and straight["fixed"]["step"] == resumed["fixed"]["step"] == 6
+
+
+def reference_weights(cfg, target, seqs, steps: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The trainer's steps written out straight, on the full forward's hidden_states: weights per variant."""
+    o, B, seed = cfg.optim, cfg.drafter.block_size, cfg.seed
+    batcher = Batcher(seqs, o.batch_size, o.max_seq_len, 2, seed)
+    runs = {}
+    for v in resolve_variants(cfg):
+        model = init_drafter(drafter_config(cfg, target, variant_layer_ids(base_layer_ids(cfg, LAYERS), LAYERS, v.bugs)), target, seed, torch.device("cpu"))
+        runs[v.name] = (model, make_optimizer(model, o, torch.device("cpu")), v.bugs)
+    for step in range(steps):
+        ids, seq_lens, prompt_lens = batcher.get(step)
+        anchors, block_valid = sample_anchors(prompt_lens, seq_lens, o.blocks_per_seq, torch.Generator().manual_seed(seed * 7919 + step))
+        attn = (torch.arange(ids.shape[1])[None] < seq_lens[:, None]).long()
+        with torch.no_grad():
+            out = forward(target, ids, attention_mask=attn, hidden_states=True)
+        hidden = out.hidden_states
+        assert torch.allclose(target.lm_head(hidden[-1]), out.logits, atol=1e-5)  # hidden_states[-1] is through the final norm
+        for model, opt, bugs in runs.values():
+            gen = torch.Generator().manual_seed(seed * 104729 + step)
+            taps = noised(torch.cat([hidden[L + 1] for L in model.cfg.target_layer_ids], -1), o.noise_std, gen)
+            clean, valid = block_labels(ids, seq_lens, anchors, block_valid, B)
+            labels = clean
+            if bugs.noisy_labels:
+                noisy = greedy_labels_from_hidden(target, noised(hidden[-1], o.noise_std, gen), anchors, B, normed=True)
+                labels = torch.where(torch.arange(B) == 0, clean, noisy)
+            block = torch.full_like(clean, model.cfg.mask_token_id)
+            block[..., 0] = clean[..., 0]
+            logits = target.lm_head(model(taps, target.embed(block), anchors, see_anchor=bugs.final_layer))
+            loss = dflash_loss(logits, labels, valid, o.gamma, dilution_bug=bugs.loss_dilution)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, o.steps, o.warmup_steps, o.lr, o.min_lr_ratio)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+            opt.step()
+    return {name: model.state_dict() for name, (model, _, _) in runs.items()}
+
+
+def test_trainer_equals_the_step_written_out(target, seqs, tmp_path):
+    """Three lockstep steps of the four variants (noise on: bug 1's labels draw from it) give the
+    same weights, bit for bit, as the step written out on the full forward; one tapped pass serves
+    all four (the union of their taps, the final layer included for bug 1)."""
+    cfg = tiny_cfg(tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 3})
+    assert needed_layers([[1, 2], [1, 3]], LAYERS, final=False) == [1, 2, 3] and needed_layers([[0, 1]], LAYERS, final=True) == [0, 1, 3]
+    T.train(cfg, target=target, seqs=seqs)
+    want = reference_weights(cfg, target, seqs, 3)
+    for name, sd in want.items():
+        got = torch.load(tmp_path / "runs" / name / "step_3" / "checkpoint.pt", weights_only=True)["model"]
+        assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd), name
+        start = init_drafter(drafter_config(cfg, target, [1, 2]), target, cfg.seed, torch.device("cpu")).state_dict()
+        assert not torch.equal(got["layers.0.mlp.up_proj.weight"], start["layers.0.mlp.up_proj.weight"]), "the steps moved the weights"
+
+
+def test_mlflow_one_run_per_variant(target, seqs, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    cfg = tiny_cfg(tmp_path, variants=["fixed", "loss_dilution"], tracking={"enabled": True}, optim={"steps": 2})
+    T.train(cfg, target=target, seqs=seqs)
+    mlflow.set_tracking_uri(cfg.tracking.uri)
+    runs = mlflow.search_runs(experiment_names=["dflash-train/tiny"])
+    assert sorted(runs["tags.dflash.variant"]) == ["fixed", "loss_dilution"]
+    assert "metrics.acc_1" in runs and "metrics.tokens_per_s" in runs
+    rid = T.import_metrics(tmp_path / "runs" / "fixed", uri=cfg.tracking.uri, experiment="imported", target_name="tiny")
+    assert mlflow.get_run(rid).data.metrics["loss"] > 0
