@@ -1,11 +1,16 @@
-"""Console report: the short summary a run prints (pure formatting of an EvalResult).
+"""Reports: pure formatting of results. `summary`: what a run prints on the console; `markdown`: the
+run's MLflow description; `sweep_markdown`: a sweep parent's description (its children side by side).
 
 Undefined values (None: a ratio over nothing, see dflash.metrics) print as "-", never as 0.
 """
 
 from __future__ import annotations
 
-from dflash.pipeline import EvalResult
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from dflash.pipeline import EvalResult
 
 
 def fmt(x: float | None, spec: str = ".3f") -> str:
@@ -51,4 +56,53 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         lines.append(f"WARNING: {w}")
     if where:
         lines.append(f"MLflow: {where}")
+    return "\n".join(lines)
+
+
+def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
+    """The run's description: τ ± SE, τ per subset, what was evaluated (drafter, target, prompts)."""
+    m, info = res.metrics, res.info
+    n = Counter(r.prompt.subset for r in res.prompts)
+    ref = info.references
+    ckpt = f", `{info.checkpoint_path}`" if info.checkpoint_path else ""
+    sha = f" (sha256 `{info.checkpoint_sha256[:12]}`)" if info.checkpoint_sha256 else ""
+    lines = [
+        f"**τ = {fmt(m.get('acceptance_length'))} ± {fmt(m.get('acceptance_length_se'))}** (acceptance length: committed tokens per verify "
+        f"step, bonus included; ± SE over {len(res.prompts)} prompts). Expected from accuracy {fmt(m.get('expected_acceptance_length'))}, "
+        f"per-prompt mean {fmt(m.get('acceptance_length_macro'))}.",
+        "",
+        "| subset | τ | prompts |",
+        "| --- | --- | --- |",
+        *[f"| {s} | {fmt(m.get(f'acceptance_length/{s}'))} | {n[s]} |" for s in sorted(n)],
+        "",
+        f"- **drafter**: {info.drafter_name} @ step {info.drafter_step if info.drafter_step is not None else '-'}{ckpt}{sha}; "
+        f"block {info.block_size}, taps {info.target_layer_ids}, mask id {info.mask_token_id}",
+        f"- **target**: {target_name} (`{info.target_identity}`), {info.device}, {info.dtype}",
+        f"- **prompts**: {prompts_label}: {len(res.prompts)} ({', '.join(f'{s} {n[s]}' for s in sorted(n))}); "
+        f"{int(m.get('new_tokens') or 0)} new tokens, {int(m.get('steps') or 0)} verify steps; references {ref.hits} cached, {ref.generated} generated",
+    ]
+    if m.get("leak_probe/acceptance_length") is not None:
+        lines.append(f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "
+                     f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})")
+    lines += [f"- **warning**: {w}" for w in res.warnings]
+    lines.append("- artifacts: `samples.html` (each verify step's accepted / rejected / bonus tokens), `plots/`, `per_position.json`, "
+                 "`per_prompt.json` (what `python -m dflash.compare` pairs), `config.yaml`")
+    return "\n".join(lines)
+
+
+def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[str], status: str, reason: str = "") -> str:
+    """A sweep parent's description: one row per child (dflash.compare.sweep_table), the failed jobs."""
+    swept = [k for k in (table[0] if table else {}) if k not in {"run", "tau", "tau_se", "prompts", "delta_tau", "delta_tau_se", "delta_tau_z",
+                                                             "paired_against", "note", "run_id"} and not k.startswith("tau/")]
+    base = next((r["paired_against"] for r in table if r.get("paired_against")), None)
+    lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
+    if table:
+        lines += [f"| run | {' | '.join(swept)} | τ ± SE | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
+                  "| --- |" + " --- |" * (len(swept) + 2)]
+        for r in table:
+            vals = "".join(f" {r.get(k, '')} |" for k in swept)
+            lines.append(f"| {r['run']} |{vals} {fmt(r['tau'])} ± {fmt(r['tau_se'])} | {fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])} |")
+    if failed:
+        lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
+    lines += ["", "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, `sweep/per_position.png`."]
     return "\n".join(lines)
