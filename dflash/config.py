@@ -186,6 +186,16 @@ def unknown_keys(tree: dict[str, Any], schema: type, prefix: str = "") -> list[t
     return out
 
 
+def _unknown_key_error(bad: list[tuple[str, list[str]]]) -> ConfigError:
+    key, names = bad[0]
+    near = difflib.get_close_matches(key.rsplit(".", 1)[-1], names, n=1)
+    where = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    hint = f" (did you mean {where}{near[0]}?)" if near else ""
+    more = f"; also {', '.join(k for k, _ in bad[1:])}" if len(bad) > 1 else ""
+    return ConfigError(f"{key} is not a config key{hint}{more}. The keys {'of ' + where[:-1] if where else 'at the top'} are: {', '.join(names)} "
+                       "(schema: dflash/config.py; it is strict: `+key=value` cannot add a key either)")
+
+
 def check_schema(cfg: Any, schema: type = EvalConfig) -> None:
     """Refuse keys the schema does not name (a `+key=value` typo would otherwise be carried and ignored)."""
     from omegaconf import OmegaConf
@@ -194,13 +204,32 @@ def check_schema(cfg: Any, schema: type = EvalConfig) -> None:
     tree.pop("hydra", None)  # type: ignore[union-attr]
     bad = unknown_keys(tree, schema)  # type: ignore[arg-type]
     if bad:
-        key, names = bad[0]
-        near = difflib.get_close_matches(key.rsplit(".", 1)[-1], names, n=1)
-        where = key.rsplit(".", 1)[0] + "." if "." in key else ""
-        hint = f" (did you mean {where}{near[0]}?)" if near else ""
-        more = f"; also {', '.join(k for k, _ in bad[1:])}" if len(bad) > 1 else ""
-        raise ConfigError(f"{key} is not a config key{hint}{more}. The keys {'of ' + where[:-1] if where else 'at the top'} are: {', '.join(names)} "
-                          f"(schema: dflash/config.py; it is strict, so `+key=value` cannot add one)")
+        raise _unknown_key_error(bad)
+
+
+def check_overrides(args: list[str], schema: type = EvalConfig) -> None:
+    """Refuse command-line overrides of keys the schema does not name, before Hydra composes anything
+    (its own message would suggest `+key=...`, which the strict schema refuses too)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except Exception:
+        return  # malformed: Hydra says what is wrong with it
+    tree: dict[str, Any] = {}
+    for o in parsed:
+        parts = o.key_or_group.split(".")
+        if parts[0] == "hydra" or "/" in o.key_or_group or o.package:
+            continue
+        node = tree
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}  # (a group choice `drafter=init` left None here)
+            node = node[part]
+        node.setdefault(parts[-1], None)
+    bad = unknown_keys(tree, schema)
+    if bad:
+        raise _unknown_key_error(bad)
 
 
 def to_container(cfg: Any) -> dict[str, Any]:
@@ -366,7 +395,12 @@ def _finish_sweep(status: Optional[str] = None, reason: str = "") -> list[dict[s
     active, _ACTIVE = _ACTIVE, None
     if active is None:
         return []
-    failed = [r for r in job_records(active.info) if r["status"] != "FINISHED"]
+    records = job_records(active.info)
+    from dflash.compare import swept_values
+
+    for r, vals in zip(records, swept_values([r["overrides"] for r in records])):  # name a job by what sets it apart
+        r["label"] = " ".join(f"{k}={v}" for k, v in vals.items()) or " ".join(r["overrides"])
+    failed = [r for r in records if r["status"] != "FINISHED"]
     if active.uri is not None:
         from dflash import tracking
 
@@ -410,7 +444,7 @@ class SweepCallback(_sweep_callback_base()):
     def on_multirun_end(self, config, **kwargs) -> None:
         failed = _finish_sweep()
         if failed:
-            jobs = "; ".join(f"job {r['job']} ({' '.join(r['overrides'])}): {r['error']}" for r in failed)
+            jobs = "; ".join(f"job {r['job']} ({r['label']}): {r['error']}" for r in failed)
             print(f"{_prog()}: {len(failed)} job(s) of the sweep failed: {jobs}", file=sys.stderr)
             sys.exit(1)
 
@@ -421,6 +455,11 @@ def main(hydra_main: Callable[[], Any]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     install_signal_handlers()
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as e:
+        report_error(e)
+        sys.exit(exit_code(e))
     try:
         hydra_main()
     except SystemExit as e:

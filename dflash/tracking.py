@@ -469,7 +469,7 @@ def close_sweep(uri: str, sweep_id: str, failed: Sequence[dict[str, Any]] = (), 
             m = client.get_run(best["run_id"]).data.metrics
             run.log_metrics({k: v for k, v in m.items() if k.startswith(("acceptance_length", "expected_acceptance_length"))})
             run.set_tags({"dflash.best_child": f"{best['run']} ({best['run_id']})"})
-        fails = [f"job {r['job']} ({' '.join(r['overrides'])}): {r['error']}" for r in failed]
+        fails = [f"job {r['job']} ({r.get('label') or ' '.join(r['overrides'])}): {r['error']}" for r in failed]
         tags = {"dflash.jobs": f"{len(kids)} children, {len(bad_jobs)} failed", "dflash.failed_jobs": "; ".join(fails) or None}
         if final != "FINISHED" and reason:
             tags["dflash.killed" if final == "KILLED" else "error"] = reason
