@@ -90,6 +90,15 @@ class DrafterConfig:
                 f"drafter config lacks {sorted(required)}; the checkpoint should store them, or set them "
                 f"as overrides (e.g. drafter.mask_token_id=..., drafter.target_layer_ids=[...])"
             )
+        for n, v in kwargs.items():  # config.json is user input: a wrong type is named here, not a TypeError deep in the model
+            if flat.get(n) is None:
+                continue  # an override (typed by the config schema)
+            want = fields[n].type
+            ok = (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v) if n == "target_layer_ids"
+                  else isinstance(v, (int, float)) and not isinstance(v, bool) if want == "float"
+                  else isinstance(v, int) and not isinstance(v, bool))
+            if not ok:
+                raise ValueError(f"config.json field {n!r} is {v!r} ({type(v).__name__}); it must be {'a list of integers' if n == 'target_layer_ids' else want}")
         kwargs["target_layer_ids"] = [int(x) for x in kwargs["target_layer_ids"]]
         skip = {"dflash_config", "architectures", "model_type", "layer_types", *fields}
         return cls(**kwargs, extra={k: v for k, v in d.items() if k not in skip})

@@ -127,3 +127,12 @@ def test_non_finite_drafter_activations_fail_the_run(qwen3_target, make_drafter)
     d.norm.weight.data[0] = float("nan")  # what an overflow inside the drafter leaves behind
     with pytest.raises(NumericsError, match="not finite at the anchor at position 4"):  # the first anchor: P = 4
         evaluate_sequence(d, qwen3_target, x, r, taps)
+
+
+def test_a_one_token_reference_has_no_verify_step(qwen3_target, make_drafter):
+    """A reference of one token (the target ends at once: EOS first) leaves no anchor: no step, τ undefined, no crash."""
+    d = make_drafter(qwen3_target, num_layers=1, num_taps=2, block_size=4)
+    x, r = [3, 5, 7, 9], [2]
+    taps = tapped_forward(qwen3_target, torch.tensor([x + r]), d.cfg.target_layer_ids)[0]
+    c, blocks = evaluate_sequence(d, qwen3_target, x, r, taps)
+    assert (c.steps, c.new_tokens, blocks) == (0, 1, []) and acceptance_length(c) is None
