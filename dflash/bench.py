@@ -55,6 +55,7 @@ def fresh_process(cfg: config_mod.EvalConfig | None = None) -> None:
     """Forget what this process holds (loaded target, in-memory features), as a new process would;
     with `cfg`, also the features on disk."""
     target_mod._LAST = None
+    target_mod._INFO.clear()
     features.clear_memory()
     if cfg is not None:
         shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
