@@ -2,8 +2,8 @@
 
 Standard library only. `Client` makes one JSON call under a `CallPolicy`:
 - a connect timeout, a read timeout (the longest the server may stay silent) and a total deadline
-  per call, retries and back-off included. The deadline is a watchdog that shuts the socket down,
-  so a server that trickles a byte at a time cannot hold a call past it;
+  per call, retries and back-off included. Every socket read waits at most what is left of the
+  deadline, so a server that trickles a byte at a time cannot hold a call past it;
 - connection errors, resets and 5xx answers (and 429) are retried with exponential back-off
   (`backoff_s * 2**attempt`) up to `retries` times; a read timeout, other 4xx, 501 or the deadline are not;
 - an error answer's body (truncated) is in the message; an answer that is not JSON (an HTML page
@@ -20,6 +20,7 @@ that is re-tokenized with the target's tokenizer. `dflash.references` validates 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import socket
 import threading
@@ -118,45 +119,70 @@ class Client:
             raise _Fatal(f"no answer within references.deadline_s={p.deadline_s:g} s")
         cls, host, port = self._conn
         conn = cls(host, port, timeout=min(p.connect_timeout_s, left))
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            _shutdown(conn)
-
+        conn.response_class = lambda sock, *a, **kw: http.client.HTTPResponse(_Answer(sock, self, end), *a, **kw)
         with self._lock:
             if self._closed:
                 raise _Fatal("aborted")
             self._live.add(conn)
-        watchdog = threading.Timer(left, expire)
-        watchdog.daemon = True
-        watchdog.start()
         try:
             try:
                 conn.connect()
             except TimeoutError:
                 raise _Retry(f"no connection within references.connect_timeout_s={p.connect_timeout_s:g} s") from None
-            conn.sock.settimeout(p.read_timeout_s)
+            conn.sock.settimeout(max(1e-3, min(p.read_timeout_s, end - time.monotonic())))
             body = json.dumps(payload).encode() if payload is not None else None
             conn.request(method, self._prefix + path, body=body, headers={"Content-Type": "application/json", "Accept": "application/json"})
             resp = conn.getresponse()
-            data = resp.read()
-            if expired.is_set():  # the watchdog cut a trickle short: what was read is partial
-                raise _Fatal(f"the answer did not complete within references.deadline_s={p.deadline_s:g} s")
-            return resp.status, data
+            return resp.status, resp.read()
         except (OSError, http.client.HTTPException) as e:
-            if expired.is_set():
-                raise _Fatal(f"the answer did not complete within references.deadline_s={p.deadline_s:g} s") from None
             if self._closed:
                 raise _Fatal("aborted") from None
             if isinstance(e, TimeoutError):
                 raise _Fatal(f"the server sent nothing for references.read_timeout_s={p.read_timeout_s:g} s") from None
             raise _Retry(f"{type(e).__name__}: {e}") from None
         finally:
-            watchdog.cancel()
             with self._lock:
                 self._live.discard(conn)
             conn.close()
+
+
+class _Answer:
+    """The socket as http.client reads an answer from it: every read waits at most the read timeout
+    and what is left of the deadline, so a trickle of bytes cannot outlast the deadline."""
+
+    def __init__(self, sock: socket.socket, client: Client, end: float):
+        self.sock, self.client, self.end = sock, client, end
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_Reads(self))
+
+
+class _Reads(io.RawIOBase):
+    def __init__(self, answer: _Answer):
+        self.a = answer
+        self.raw = answer.sock.makefile("rb", buffering=0)  # holds the socket open after the connection lets go of it
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+    def readinto(self, buf) -> int:
+        a, p = self.a, self.a.client.policy
+        left = a.end - time.monotonic()
+        if left <= 0:
+            raise _Fatal(f"the answer did not complete within references.deadline_s={p.deadline_s:g} s")
+        if a.client._closed:
+            raise _Fatal("aborted")
+        a.sock.settimeout(min(p.read_timeout_s, left))
+        try:
+            return self.raw.readinto(buf)
+        except TimeoutError:
+            if time.monotonic() >= a.end:
+                raise _Fatal(f"the answer did not complete within references.deadline_s={p.deadline_s:g} s") from None
+            raise
 
 
 def _shutdown(conn: http.client.HTTPConnection) -> None:
