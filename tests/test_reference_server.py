@@ -232,3 +232,39 @@ def test_probe_compares_the_server_with_the_local_target(qwen3_target, tmp_path,
     assert st.probe_prompts == 2 and st.probe_exact_match == 0.0
     assert st.probe_prefix_agreement == pytest.approx(agree / sum(map(len, served)))
     assert "below references.probe_min_agreement=0.9" in st.warnings[0]
+
+
+def test_a_failure_aborts_the_requests_in_flight(qwen3_target, tmp_path, fake):
+    """Three requests in flight: prompt 1's answer is bad at once, the others would take 2 s; the error
+    comes without waiting for them, and nothing is cached."""
+    fake.fault = lambda kind, body: (200, "text/html", b"<html>oops</html>") if body["input_ids"] == PROMPTS[1] else "silent"
+    t0 = time.monotonic()
+    with pytest.raises(ReferenceError, match=r"prompt 1 \('b'\): .*not JSON"):
+        get_references(qwen3_target, PROMPTS, 6, {}, tmp_path, source="sglang", url=fake.url, names=NAMES, concurrency=3)
+    assert time.monotonic() - t0 < 1.5
+    assert not list((tmp_path / "references").rglob("*.json"))
+
+
+def test_pipeline_checks_the_server_before_loading_the_target(qwen3_dir, tmp_path, fake, monkeypatch):
+    from dflash import pipeline
+    from dflash.config import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
+
+    monkeypatch.setattr(pipeline, "load_models", lambda *a, **k: pytest.fail("the target's weights were loaded"))
+    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir)), drafter=DrafterSchema(kind="init"),
+                     prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
+                     references=ReferencesConfig(source="openai", url=fake.url, model=None), cache_dir=str(tmp_path))
+    with pytest.raises(ReferenceError, match=r"references=openai needs references.model: .* serves \['other', 'tiny'\]"):
+        pipeline.run(cfg)
+
+
+def test_pipeline_with_server_references_logs_the_probe(qwen3_dir, tmp_path, fake):
+    from dflash import pipeline
+    from dflash.config import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
+
+    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250), drafter=DrafterSchema(kind="init", num_taps=2),
+                     prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
+                     references=ReferencesConfig(source="sglang", url=fake.url, probe_prompts=1), cache_dir=str(tmp_path), num_samples=0)
+    res = pipeline.run(cfg)
+    assert [r.reference for r in res.prompts] == [honest(r.prompt_ids, 8) for r in res.prompts]
+    assert res.info.references.server["model_path"] == "org/model-a" and res.info.references.generated == 2
+    assert 0.0 <= res.metrics["references/probe_prefix_agreement"] < 0.9 and "probe_min_agreement" in res.warnings[-1]
