@@ -203,12 +203,7 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
     if not prompts:
         return out
     tokens = 0
-    engine = None
-    if target.device.type == "cuda":
-        from dflash.decode import Generator, unsupported
-
-        if unsupported(target.config) is None:
-            engine = Generator(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens)
+    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens)
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), min(batch_size, len(prompts)), max_new_tokens,
              "static cache" + (", CUDA graphs" if engine.eng.graphs else "") if engine else "dynamic cache")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:
@@ -228,6 +223,15 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
             else:
                 _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp))
     return out
+
+
+def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int) -> Any:
+    """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
+    if target.device.type != "cuda":
+        return None
+    from dflash.decode import Generator, unsupported
+
+    return Generator(target, batch, max_prompt, max_new_tokens) if unsupported(target.config) is None else None
 
 
 def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None]) -> None:

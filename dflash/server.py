@@ -10,11 +10,12 @@ Standard library only. `Client` makes one JSON call under a `CallPolicy`:
   from a proxy, say) is a ReferenceError showing its start.
 `Client.close()` aborts every call in flight (an interrupt ends the run without waiting for them).
 
-`Server` holds what a server reports it serves (`reported`: SGLang's `/get_model_info`, the OpenAI
-`/v1/models` card of `references.model`), part of every reference's cache key with the request
-(`request_params`), and turns one answer into completion token ids (`completion`): SGLang returns
-ids; an OpenAI server returns ids where it offers them (vLLM's `return_token_ids`), otherwise text
-that is re-tokenized with the target's tokenizer. `dflash.references` validates the ids.
+`Server` holds what a server reports it serves (`reported`: SGLang's `/model_info`, or
+`/get_model_info` on older releases; the OpenAI `/v1/models` card of `references.model`), part of
+every reference's cache key with the request (`request_params`), and turns one answer into
+completion token ids (`generate`): SGLang returns ids (the matched stop token put back where it is
+left out); an OpenAI server returns ids where it offers them (vLLM's `return_token_ids`), otherwise
+text that is re-tokenized with the target's tokenizer. `dflash.references` validates the ids.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def snippet(body: bytes | str, n: int = SNIPPET) -> str:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     text = " ".join(text.split())
     return repr(text[:n] + (" ..." if len(text) > n else ""))
+
+
+class HTTPError(ReferenceError):
+    """The server answered with an error status (kept in `status`)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 class _Retry(Exception):
@@ -105,7 +114,7 @@ class Client:
             log.warning("%s: %s; retrying in %.1f s (%d of %d)", where, why, wait, attempt + 1, p.retries)
             time.sleep(wait)
         if status >= 400:
-            raise ReferenceError(f"{where} answered HTTP {status}: {snippet(body)}")
+            raise HTTPError(f"{where} answered HTTP {status}: {snippet(body)}", status)
         try:
             return json.loads(body)
         except ValueError:
@@ -247,9 +256,14 @@ class SGLang(Server):
     kind = "sglang"
 
     def describe(self) -> dict[str, Any]:
-        info = self.client.get("/get_model_info")
+        try:
+            info = self.client.get("/model_info")
+        except HTTPError as e:
+            if e.status != 404:
+                raise
+            info = self.client.get("/get_model_info")  # SGLang releases before /model_info
         if not isinstance(info, dict) or not info.get("model_path"):
-            raise ReferenceError(f"{self.client.url}/get_model_info answered {snippet(json.dumps(info))}, without a model_path: "
+            raise ReferenceError(f"{self.client.url}/model_info answered {snippet(json.dumps(info))}, without a model_path: "
                                  "is references.url an SGLang server? (for vLLM and other OpenAI-compatible servers use references=openai)")
         if info.get("is_generation") is False:
             raise ReferenceError(f"the SGLang server at {self.client.url} serves {info['model_path']} as an embedding model, not a generator")
@@ -304,8 +318,8 @@ class OpenAI(Server):
         payload.pop("path")
         try:
             r = self.client.post("/v1/completions", {**payload, "return_token_ids": True} if self.token_ids else payload)
-        except ReferenceError as e:
-            if not (self.token_ids and "HTTP 4" in str(e) and "return_token_ids" in str(e)):
+        except HTTPError as e:
+            if not (self.token_ids and e.status in (400, 422) and "return_token_ids" in str(e)):
                 raise
             self.token_ids = False  # a server that refuses the field: text it is
             r = self.client.post("/v1/completions", payload)

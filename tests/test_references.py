@@ -27,6 +27,17 @@ def test_batched_greedy_equals_single_and_hf_generate(qwen3_target):
         assert hf[0, len(p):].tolist()[: len(out)] == out
 
 
+def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
+    """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
+    from dflash.decode import Generator
+
+    monkeypatch.setattr(references, "_static_engine", lambda t, b, p, n: Generator(t, b, p, n, graphs=False))
+    seen = {}
+    out = greedy_generate(qwen3_target, PROMPTS, 12, 3, on_done=lambda i, comp: seen.setdefault(i, comp))
+    monkeypatch.undo()
+    assert out == greedy_generate(qwen3_target, PROMPTS, 12, 3) and seen == dict(enumerate(out))
+
+
 def test_stops_at_eos(qwen3_target):
     out = greedy_generate(qwen3_target, PROMPTS, 40, 4)
     eos = set(qwen3_target.eos_ids)
