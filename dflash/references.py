@@ -393,7 +393,9 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
             if plan.server.count_mismatch:
                 stats.warnings.append(f"{plan.server.count_mismatch} of {plan.server.retokenized} text answers re-tokenize to another length than "
                                       "the server counted: its tokenizer differs from the target's (prefer references=sglang)")
-    return [r for r in refs if r is not None], stats
+                log.warning("references: %s", stats.warnings[-1])
+    assert all(r is not None for r in refs), "a prompt was left without a reference"
+    return refs, stats  # type: ignore[return-value]
 
 
 def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,

@@ -268,3 +268,11 @@ def test_pipeline_with_server_references_logs_the_probe(qwen3_dir, tmp_path, fak
     assert [r.reference for r in res.prompts] == [honest(r.prompt_ids, 8) for r in res.prompts]
     assert res.info.references.server["model_path"] == "org/model-a" and res.info.references.generated == 2
     assert 0.0 <= res.metrics["references/probe_prefix_agreement"] < 0.9 and "probe_min_agreement" in res.warnings[-1]
+
+
+def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake):
+    """A server whose tokenizer is not the target's: its count of completion tokens differs from the re-tokenized text."""
+    text = {"choices": [{"text": "t40 t41", "finish_reason": "stop", "stop_reason": None}], "usage": {"completion_tokens": 5}}
+    fake.fault = lambda kind, body: (200, "application/json", json.dumps(text).encode())
+    refs, st = get_references(qwen3_target, PROMPTS[:1], 6, {}, tmp_path, source="openai", url=fake.url, model="tiny", **FAST)
+    assert refs == [[40, 41, EOS]] and st.retokenized == 1 and "tokenizer differs" in st.warnings[0]
