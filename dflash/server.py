@@ -261,7 +261,10 @@ class SGLang(Server):
         except HTTPError as e:
             if e.status != 404:
                 raise
-            info = self.client.get("/get_model_info")  # SGLang releases before /model_info
+            try:
+                info = self.client.get("/get_model_info")  # SGLang releases before /model_info
+            except HTTPError as e:
+                raise HTTPError(f"{e}; is references.url an SGLang server? (vLLM and other OpenAI-compatible servers: references=openai)", e.status) from None
         if not isinstance(info, dict) or not info.get("model_path"):
             raise ReferenceError(f"{self.client.url}/model_info answered {snippet(json.dumps(info))}, without a model_path: "
                                  "is references.url an SGLang server? (for vLLM and other OpenAI-compatible servers use references=openai)")
