@@ -59,6 +59,7 @@ class ReferenceOptions(CallPolicy):
     url: str | None = None
     model: str | None = None  # openai: the served model name
     batch_size: int = 16  # local: prompts per batch
+    compile: bool = True  # local on CUDA: inductor over the engine's step before its CUDA graph is captured
     use_cache: bool = True  # false: neither read nor write the cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
     concurrency: int = 8  # server: requests in flight at once
@@ -195,15 +196,15 @@ def _batches(prompts: list[list[int]], batch_size: int) -> Iterator[list[int]]:
 
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
-                    on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
+                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False) -> list[list[int]]:
     """Greedy completions (EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
-    engine (decode.Generator, CUDA graphs) as each batch ends."""
+    engine (decode.Generator, CUDA graphs; `compile`: inductor first) as each batch ends."""
     out: list[list[int]] = [[] for _ in prompts]
     if not prompts:
         return out
     tokens = 0
-    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens)
+    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens, compile)
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), min(batch_size, len(prompts)), max_new_tokens,
              "static cache" + (", CUDA graphs" if engine.eng.graphs else "") if engine else "dynamic cache")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:
@@ -225,13 +226,13 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
     return out
 
 
-def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int) -> Any:
+def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False) -> Any:
     """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
     if target.device.type != "cuda":
         return None
     from dflash.decode import Generator, unsupported
 
-    return Generator(target, batch, max_prompt, max_new_tokens) if unsupported(target.config) is None else None
+    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile) if unsupported(target.config) is None else None
 
 
 def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None]) -> None:
@@ -385,7 +386,7 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
-            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done)
+            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile)
         else:
             assert plan.server is not None
             server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency)
