@@ -55,6 +55,7 @@ def fresh_process(cfg: config_mod.EvalConfig | None = None) -> None:
     """Forget what this process holds (loaded target, in-memory features), as a new process would;
     with `cfg`, also the features on disk."""
     target_mod._LAST = None
+    target_mod._INFO.clear()
     features.clear_memory()
     if cfg is not None:
         shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
@@ -119,7 +120,7 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str
         f"  warm per checkpoint (target loaded, features in memory): {warm:.2f} s (replay {rw.timings.get('replay', 0):.2f} s)",
         f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over {int(r1.metrics['prompts'])} prompts",
     ]
-    return "\n".join(lines), rw, warm
+    return "\n".join(lines), r1, warm
 
 
 def online(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, warm: float, n: int) -> str:
@@ -167,39 +168,58 @@ def random_target(shape: str, cache_dir: str, tokenizer) -> Path:
     return folder
 
 
-def scale_child(folder: str, lengths: list[int], device: str) -> None:
-    """In a child process: load the random target memory-mapped, run the feature pass, print JSON."""
+def scale_child(where: str, lengths: list[int], device: str) -> None:
+    """In a child process: the random target (CPU: the saved folder, memory-mapped; CUDA: built on
+    the device from its shape), the feature pass over sequences of `lengths`; prints JSON."""
+    import transformers
+
     configure(False)
-    t = target_mod.load_target("hf", folder, dtype="bfloat16", device=device)
+    if device == "cpu":
+        t = target_mod.load_target("hf", where, dtype="bfloat16", device=device)
+        weights = sum(p.stat().st_size for p in Path(where).glob("*.safetensors"))
+    else:
+        cls, fields = SHAPES[where]
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**fields), dtype=torch.bfloat16).eval()
+        t = target_mod.Target(model=model, tokenizer=None, identity=f"random-{where}", source=where, max_context=1 << 20)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
     L = t.num_layers
     taps = [round(1 + i * (L - 4) / 4) for i in range(5)]
     ids = [torch.randint(0, t.vocab_size, (n,)).tolist() for n in lengths]
+    for f in features.iter_features(t, ids[:1], [taps], cache=False):  # warm-up (kernels, allocator)
+        f.taps(taps)
+    if device != "cpu":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for f in features.iter_features(t, ids, [taps], cache=False):
         f.taps(taps)
+    if device != "cpu":
+        torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    weights = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "weights": weights, "seconds": secs,
                       "tokens": sum(lengths), "taps": taps}))
 
 
 def scale(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, shape: str) -> str:
-    folder = random_target(shape, cfg.cache_dir, res.tokenizer)
     lengths = [len(r.prompt_ids) + len(r.reference) for r in res.prompts]
     device = "cuda" if torch.cuda.is_available() and cfg.device.name != "cpu" else "cpu"
-    out = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-child", str(folder), device, json.dumps(lengths)],
-                         capture_output=True, text=True, check=True)
+    where = str(random_target(shape, cfg.cache_dir, res.tokenizer)) if device == "cpu" else shape
+    out = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-child", where, device, json.dumps(lengths)],
+                         capture_output=True, text=True)
+    if out.returncode:
+        return f"scale: the child failed:\n{out.stderr[-2000:]}"
     r = json.loads(out.stdout.strip().splitlines()[-1])
+    rss = (f", peak RSS {r['peak_rss'] / 1e9:.2f} GB = {r['peak_rss'] / r['weights']:.2f}x the weights (target <= 1.3x)" if device == "cpu" else "")
     return (f"scale: random {shape} ({r['weights'] / 1e9:.2f} GB of bf16 weights, taps {r['taps']}), feature pass over {r['tokens']} tokens "
-            f"on {device}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 1e9:.2f} GB = {r['peak_rss'] / r['weights']:.2f}x the weights "
-            f"(target <= 1.3x on CPU); SmolLM2 on the same tokens: {res.timings['features']:.2f} s")
+            f"on {device}: {r['seconds']:.2f} s{rss}; SmolLM2 on the same tokens: {res.timings['features']:.2f} s "
+            f"({r['seconds'] / max(res.timings['features'], 1e-9):.0f}x)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=int, default=2, help="checkpoints in the sweep section")
-    ap.add_argument("--online", type=int, default=12, help="prompts for the online loop (0: skip)")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: generation, scale")
+    ap.add_argument("--online", type=int, default=12, help="prompts for the online loop")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, online, generation, scale")
     ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES), help="the random target shape of the scale section")
     ap.add_argument("--scale-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
@@ -219,12 +239,14 @@ def main() -> None:
             (real / sub).mkdir(parents=True, exist_ok=True)
             os.symlink(real / sub, Path(tmp, sub))
         cfg = replace(cfg, cache_dir=tmp)
-        pipeline.run(cfg)  # references generated and the target converted if this machine has not yet: not timed
+        res = pipeline.run(cfg)  # references generated and the target converted if this machine has not yet: not timed
+        warm = sum(res.timings.get(k, 0.0) for k in ("load_drafter", "replay"))  # without --sweep: the warm cost, roughly
         report = [f"dflash.bench on {torch.get_num_threads()} CPU threads, torch {torch.__version__}, device {cfg.device.name}"]
-        text, res, warm = sweep(cfg, a.sweep, a.overrides)
-        report.append(text)
-        print(text, flush=True)
-        for name, fn in (("online", lambda: online(cfg, res, warm, a.online) if a.online else ""),
+        if "sweep" not in skip:
+            text, res, warm = sweep(cfg, a.sweep, a.overrides)
+            report.append(text)
+            print(text, flush=True)
+        for name, fn in (("online", lambda: online(cfg, res, warm, a.online)),
                          ("generation", lambda: generation(cfg, res)), ("scale", lambda: scale(cfg, res, a.scale))):
             if name not in skip and (text := fn()):
                 report.append(text)

@@ -23,7 +23,7 @@ from dflash.errors import ConfigError, PromptError
 from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
 from dflash.progress import Progress, log
 from dflash.prompts import Prompt, load_prompts, render, round_robin
-from dflash.references import ReferenceStats, get_references
+from dflash.references import ReferenceStats, check_references, get_references
 from dflash.replay import Block, evaluate_sequence
 from dflash.samples import sample_record
 from dflash.features import FeatureStats, iter_features
@@ -196,17 +196,18 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
 def run(cfg: EvalConfig) -> EvalResult:
     timings: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
-    resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
+    _, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
+    pc, rc, tmpl = cfg.prompts, cfg.references, vars(cfg.target.template)
     # cheap checks first: everything that needs no target weights
     with timed(timings, "prepare"):
         t = cfg.target
         info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
         prompts, ids = load_prompt_ids(cfg, info)
+        names = [p.id for p in prompts]
+        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, names, **vars(rc))
     target, drafter = load_models(cfg, info, timings)
-    pc, rc = cfg.prompts, cfg.references
     with timed(timings, "references"):
-        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, vars(cfg.target.template), cfg.cache_dir, source=rc.source,
-                                         batch_size=rc.batch_size, url=rc.url, model=rc.model, use_cache=rc.use_cache)
+        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, **vars(rc))
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
@@ -219,6 +220,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
         metrics["leak_probe/tau_gain"] = lm["acceptance_length"] - metrics["acceptance_length"]
     metrics["tokens_per_second_replay"] = total.new_tokens / max(timings.get("replay", 0.0), 1e-9)
+    metrics.update(ref_stats.metrics())
     dc = drafter.model.cfg
     info = RunInfo(
         run_name=run_name(cfg.drafter, drafter.step), drafter_name=drafter.name, drafter_step=drafter.step, checkpoint_path=drafter.path,
@@ -228,4 +230,4 @@ def run(cfg: EvalConfig) -> EvalResult:
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings)
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings)

@@ -1,18 +1,33 @@
-"""Reference completions: the target's own greedy output for each prompt, cached on disk.
+"""Reference completions: the target's own greedy output for each prompt, checked and cached on disk.
 
 Under greedy decoding DFlash is lossless, so the reference is exactly what speculative decoding
 would output; the replay (replay.py) walks the draft-verify loop against it.
 
 Sources:
-- `local`: batched greedy decoding with a KV cache (left padding, stop at EOS per row).
-- `sglang`: an SGLang server's `/generate` with `input_ids` (exact token ids back).
-- `openai`: an OpenAI-compatible `/v1/completions` server (token-id prompt; the text answer is
-  re-tokenized, so a server-side tokenizer mismatch shows as low τ: prefer sglang).
+- `local`: batched greedy decoding with the target (on CUDA the static-cache engine of decode.py,
+  elsewhere a dynamic KV cache; left padding, stop at EOS per row).
+- `sglang`: an SGLang server's `/generate` with `input_ids` (token ids back); `openai`: an
+  OpenAI-compatible `/v1/completions` (token ids where the server offers them, else re-tokenized
+  text). HTTP lives in dflash/server.py.
+
+Every completion, generated or read from the cache, is checked (`completion_problem`): non-empty,
+at most `max_new_tokens`, token ids inside the target's vocabulary, and ending at the first of the
+target's stop tokens or at exactly `max_new_tokens`. A server answer that fails is a ReferenceError
+naming the prompt, and nothing of it is cached; a cached entry that fails is regenerated.
 
 Cache: one JSON file per reference under `<cache_dir>/references/`, named by the sha256 of all
-that decides it (target identity, source (with the target's dtype for `local`), rendered prompt ids,
-max_new_tokens, template options).
-Written to a temporary file and renamed, so a crash never leaves a half-written entry.
+that decides it: target identity, source (`local` with the target's dtype; for a server, the
+model it reports and the request it gets, not its URL), rendered prompt ids, max_new_tokens,
+template options. Each is written atomically as its prompt finishes (local: as each row of a
+batch stops, on CPU; per batch with CUDA's static-cache engine; server: as each answer arrives and
+passes), so an interrupted run resumes where it stopped. Files and folders follow the umask. A
+read-only cache is used read-only (with a warning) when it holds every reference needed, and is a
+ReferenceError before any generation when it does not. `refresh=true` regenerates and overwrites.
+
+`check_references` is the pre-flight (run before the target's weights load, on a `TargetInfo`):
+options, server reachable and its model known, cache writable or complete. `get_references` does
+the work; with `probe_prompts > 0` it also regenerates a few prompts with the local target and
+reports how well the server's references agree with them (`ReferenceStats.metrics()`).
 """
 
 from __future__ import annotations
@@ -20,19 +35,55 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
+import secrets
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
-from dflash.target import Target, forward, new_cache
+from dflash.errors import ConfigError, ReferenceError
+from dflash.progress import Progress, log
+from dflash.server import CallPolicy, Server, snippet
+from dflash.target import forward, new_cache
+
+SOURCES = ("local", "sglang", "openai")
 
 
-from dflash.errors import ReferenceError
+@dataclass
+class ReferenceOptions(CallPolicy):
+    """The `references.*` config fields (dflash.config.ReferencesConfig), server call policy included."""
+
+    source: str = "local"
+    url: str | None = None
+    model: str | None = None  # openai: the served model name
+    batch_size: int = 16  # local: prompts per batch
+    compile: bool = True  # local on CUDA: inductor over the engine's step before its CUDA graph is captured
+    use_cache: bool = True  # false: neither read nor write the cache
+    refresh: bool = False  # regenerate every reference and overwrite its cache entry
+    concurrency: int = 8  # server: requests in flight at once
+    probe_prompts: int = 0  # server: prompts also generated locally to measure agreement (0: off)
+    probe_min_agreement: float = 0.9  # warn when the token agreement before the first divergence is below
+
+    def validate(self, max_new_tokens: int) -> None:
+        rules = [
+            ("source", self.source in SOURCES, f"use one of {', '.join(SOURCES)}"),
+            ("batch_size", self.batch_size >= 1, "must be >= 1"),
+            ("concurrency", self.concurrency >= 1, "must be >= 1"),
+            ("connect_timeout_s", self.connect_timeout_s > 0, "must be > 0 seconds"),
+            ("read_timeout_s", self.read_timeout_s > 0, "must be > 0 seconds"),
+            ("deadline_s", self.deadline_s > 0, "must be > 0 seconds"),
+            ("retries", self.retries >= 0, "must be >= 0"),
+            ("backoff_s", self.backoff_s >= 0, "must be >= 0 seconds"),
+            ("probe_prompts", self.probe_prompts >= 0, "must be >= 0 (0: no probe)"),
+            ("probe_min_agreement", 0.0 <= self.probe_min_agreement <= 1.0, "must be in [0, 1]"),
+        ]
+        for name, ok, fix in rules:
+            if not ok:
+                raise ConfigError(f"references.{name}={getattr(self, name)!r}: {fix}")
+        if max_new_tokens < 1:
+            raise ConfigError(f"prompts.max_new_tokens={max_new_tokens}: a reference needs at least 1 new token")
 
 
 @dataclass
@@ -40,6 +91,20 @@ class ReferenceStats:
     hits: int = 0
     generated: int = 0
     new_tokens: int = 0  # tokens generated in this run (not cached)
+    source: str = "local"
+    server: dict[str, Any] | None = None  # what the server reported serving
+    read_only: bool = False  # the cache could not be written: used read-only
+    retokenized: int = 0  # openai: answers given as text and re-tokenized
+    probe_prompts: int = 0
+    probe_prefix_agreement: float | None = None  # server tokens matched by the local target before the first divergence
+    probe_exact_match: float | None = None  # probe prompts whose references are identical
+    warnings: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.probe_prompts:
+            return {}
+        return {"references/probe_prefix_agreement": float(self.probe_prefix_agreement or 0.0),
+                "references/probe_exact_match": float(self.probe_exact_match or 0.0)}
 
 
 def reference_key(identity: str, source: str, prompt_ids: list[int], max_new_tokens: int, template: dict[str, Any]) -> str:
@@ -47,112 +112,318 @@ def reference_key(identity: str, source: str, prompt_ids: list[int], max_new_tok
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def completion_problem(ids: Any, max_new_tokens: int, eos_ids: list[int], vocab_size: int) -> str | None:
+    """What is wrong with a completion as a greedy reference, or None."""
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return "is not a list of token ids"
+    if not ids:
+        return "is empty"
+    if len(ids) > max_new_tokens:
+        return f"has {len(ids)} tokens, more than max_new_tokens={max_new_tokens}"
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return f"holds token id {bad}, outside the target's vocabulary (0..{vocab_size - 1})"
+    stop = set(eos_ids)
+    early = next((k for k, t in enumerate(ids[:-1]) if t in stop), None)
+    if early is not None:
+        return f"goes on past the stop token {ids[early]} at position {early}"
+    if len(ids) < max_new_tokens and ids[-1] not in stop:
+        return f"stops after {len(ids)} of {max_new_tokens} tokens at token {ids[-1]}, not at one of the target's stop tokens {eos_ids}"
+    return None
+
+
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary name beside `path`, then rename: readers see the old file or the new one.
+    The file is created 0666 minus the umask, like any other new file (not mkstemp's 0600)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
 class ReferenceCache:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser() / "references"
+        self.read_only: str | None = None  # why the cache cannot be written
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> list[int] | None:
-        p = self._path(key)
-        if not p.is_file():
-            return None
+    def get(self, key: str, problem: Callable[[Any], str | None] | None = None) -> list[int] | None:
+        """The cached completion, or None where there is none or it is unreadable or fails `problem`."""
         try:
-            return [int(t) for t in json.loads(p.read_text())["completion_ids"]]
-        except (ValueError, KeyError, TypeError):  # unreadable entry: regenerate rather than fail
+            ids = json.loads(self._path(key).read_text())["completion_ids"]
+        except (OSError, ValueError, KeyError, TypeError):
             return None
+        return ids if (problem or (lambda _: None))(ids) is None else None
 
     def put(self, key: str, completion_ids: list[int], meta: dict[str, Any]) -> None:
-        atomic_write_text(self._path(key), json.dumps({**meta, "completion_ids": completion_ids}))
+        if self.read_only:
+            return
+        try:
+            atomic_write_text(self._path(key), json.dumps({**meta, "completion_ids": completion_ids}))
+        except OSError as e:  # disk full, permissions changed under us: keep the run going
+            self.read_only = f"{type(e).__name__}: {e}"
+            log.warning("references: cannot write the cache %s (%s): this run's references stay in memory only", self.root, self.read_only)
+
+    def check_writable(self) -> str | None:
+        """Try to write here (a probe file, removed); -> why not, or None."""
+        try:
+            probe = self.root / f".write-probe-{os.getpid()}"
+            atomic_write_text(probe, "")
+            probe.unlink()
+        except OSError as e:
+            self.read_only = f"{type(e).__name__}: {e}"
+        return self.read_only
+
+
+# --- local generation -------------------------------------------------------------------------
+
+
+def _batches(prompts: list[list[int]], batch_size: int) -> Iterator[list[int]]:
+    """Indices of prompts in batches of similar lengths."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for b0 in range(0, len(order), batch_size):
+        yield order[b0 : b0 + batch_size]
 
 
 @torch.no_grad()
-def greedy_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16) -> list[list[int]]:
-    """Greedy completions (EOS included when reached), batched with left padding. On CUDA the
-    static-cache engine with CUDA graphs (decode.generate) where it supports the target; otherwise
-    (and on CPU) a dynamic KV cache."""
-    if target.device.type == "cuda":
-        from dflash.decode import generate, unsupported
-
-        if unsupported(target.config) is None:
-            return generate(target, prompts, max_new_tokens, batch_size)
-    eos = torch.tensor(target.eos_ids, device=target.device)
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_ids[0]
+def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
+                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False) -> list[list[int]]:
+    """Greedy completions (EOS included when reached), batched with left padding. `on_done(i,
+    completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
+    engine (decode.Generator, CUDA graphs; `compile`: inductor first) as each batch ends."""
     out: list[list[int]] = [[] for _ in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
-    for b0 in range(0, len(order), batch_size):
-        rows = order[b0 : b0 + batch_size]
-        P = max(len(prompts[i]) for i in rows)
-        ids = torch.full((len(rows), P), pad, dtype=torch.long, device=target.device)
-        mask = torch.zeros((len(rows), P), dtype=torch.long, device=target.device)
-        for r, i in enumerate(rows):
-            ids[r, P - len(prompts[i]) :] = torch.tensor(prompts[i])
-            mask[r, P - len(prompts[i]) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
-        cache = new_cache(target)
-        logits = forward(target, ids, cache, attention_mask=mask, position_ids=pos).logits[:, -1]
-        done = torch.zeros(len(rows), dtype=torch.bool, device=target.device)
-        gen = []
-        for step in range(max_new_tokens):
-            nxt = logits.argmax(-1)  # [b]
-            gen.append(torch.where(done, -1, nxt))
-            done |= torch.isin(nxt, eos)
-            if bool(done.all()) or step == max_new_tokens - 1:
+    if not prompts:
+        return out
+    tokens = 0
+    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens, compile)
+    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), min(batch_size, len(prompts)), max_new_tokens,
+             "static cache" + (", CUDA graphs" if engine.eng.graphs else "") if engine else "dynamic cache")
+    with Progress("generate", total=len(prompts), unit="prompt") as bar:
+
+        def finish(i: int, comp: list[int]) -> None:
+            nonlocal tokens
+            out[i] = comp
+            tokens += len(comp)
+            if on_done is not None:
+                on_done(i, comp)
+            bar.update(1, tokens=tokens)
+
+        for rows in _batches(prompts, engine.eng.batch if engine else batch_size):
+            if engine is not None:
+                for i, comp in zip(rows, engine([prompts[i] for i in rows])):
+                    finish(i, comp)
+            else:
+                _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp))
+    return out
+
+
+def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False) -> Any:
+    """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
+    if target.device.type != "cuda":
+        return None
+    from dflash.decode import Generator, unsupported
+
+    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile) if unsupported(target.config) is None else None
+
+
+def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None]) -> None:
+    """One left-padded batch on a dynamic KV cache; finish(row, completion) as each row stops."""
+    dev = target.device
+    eos = torch.tensor(target.eos_ids, device=dev)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_ids[0]
+    P = max(map(len, prompts))
+    ids = torch.full((len(prompts), P), pad, dtype=torch.long, device=dev)
+    mask = torch.zeros((len(prompts), P), dtype=torch.long, device=dev)
+    for r, p in enumerate(prompts):
+        ids[r, P - len(p) :] = torch.tensor(p)
+        mask[r, P - len(p) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
+    cache = new_cache(target)
+    logits = forward(target, ids, cache, attention_mask=mask, position_ids=pos).logits[:, -1]
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)  # [b] row reached EOS
+    reported = done.clone()  # [b] row handed to finish
+    steps: list[torch.Tensor] = []
+    for step in range(max_new_tokens):
+        nxt = logits.argmax(-1)  # [b]
+        steps.append(torch.where(done, -1, nxt))
+        done |= torch.isin(nxt, eos)
+        last = step == max_new_tokens - 1
+        ready = ~reported if last else done & ~reported
+        if bool(ready.any()):
+            hist = torch.stack(steps, dim=1).tolist()  # [b, step + 1]
+            for r in ready.nonzero().flatten().tolist():
+                finish(r, [t for t in hist[r] if t >= 0])
+            reported |= ready
+            if last or bool(reported.all()):
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            pos = pos[:, -1:] + 1
-            logits = forward(target, nxt[:, None], cache, attention_mask=mask, position_ids=pos).logits[:, -1]
-        toks = torch.stack(gen, dim=1).tolist()  # [b, steps]
-        for r, i in enumerate(rows):
-            out[i] = [t for t in toks[r] if t >= 0]
-    return out
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        pos = pos[:, -1:] + 1
+        logits = forward(target, nxt[:, None], cache, attention_mask=mask, position_ids=pos).logits[:, -1]
 
 
-def _post_json(url: str, payload: dict[str, Any], timeout: float) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+# --- server generation ------------------------------------------------------------------------
+
+
+def server_generate(server: Server, target: Any, prompts: list[list[int]], max_new_tokens: int, names: list[str],
+                    on_done: Callable[[int, list[int]], None], concurrency: int = 8) -> None:
+    """Ask the server for every prompt, `concurrency` requests in flight; on_done(i, ids) as each answer
+    arrives. A failure (or an interrupt) aborts the requests still in flight."""
+    tokens = 0
+
+    def one(i: int) -> tuple[int, list[int]]:
+        try:
+            return i, server.generate(prompts[i], max_new_tokens, target.eos_ids, target.tokenizer)
+        except ReferenceError as e:
+            raise ReferenceError(f"{names[i]}: {e}") from None
+
+    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(prompts)), thread_name_prefix="references")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, TimeoutError) as e:
-        raise ReferenceError(f"reference server {url} did not answer ({e}); start it, or use references.source=local") from None
+        with Progress("references", total=len(prompts), unit="prompt") as bar:
+            for f in as_completed([pool.submit(one, i) for i in range(len(prompts))]):
+                i, ids = f.result()
+                on_done(i, ids)
+                tokens += len(ids)
+                bar.update(1, tokens=tokens)
+    except BaseException:
+        server.client.close()  # wake the calls still in flight: the pool then ends at once
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
-def server_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, source: str, url: str, model: str | None, timeout: float = 600) -> list[list[int]]:
-    out = []
-    for ids in prompts:
-        if source == "sglang":
-            r = _post_json(url.rstrip("/") + "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}, timeout)
-            r = r[0] if isinstance(r, list) else r
-            if "output_ids" not in r:
-                raise ReferenceError(f"SGLang answer has no output_ids (keys: {sorted(r)}); is {url} an SGLang server?")
-            out.append([int(t) for t in r["output_ids"]][:max_new_tokens])
-        elif source == "openai":
-            r = _post_json(url.rstrip("/") + "/v1/completions", {"model": model, "prompt": ids, "max_tokens": max_new_tokens, "temperature": 0.0}, timeout)
-            text = r["choices"][0]["text"]
-            comp = target.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
-            if r["choices"][0].get("finish_reason") == "stop" and len(comp) < max_new_tokens:
-                comp.append(target.eos_ids[0])
-            out.append(comp)
+# --- plan and run -----------------------------------------------------------------------------
+
+
+@dataclass
+class ReferencePlan:
+    keys: list[str]
+    cached: list[list[int] | None]  # valid cached references (None: to generate)
+    cache: ReferenceCache | None  # None: references.use_cache=false
+    server: Server | None
+    meta: dict[str, Any]  # stored beside each reference
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i, r in enumerate(self.cached) if r is None]
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype)))
+
+
+def _names(n: int, names: list[str] | None) -> list[str]:
+    return [f"prompt {i} ({names[i]!r})" if names else f"prompt {i}" for i in range(n)]
+
+
+def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path, dtype: Any,
+          o: ReferenceOptions, names: list[str], server: Server | None, strict: bool = True) -> ReferencePlan:
+    o.validate(max_new_tokens)
+    if o.source == "local":
+        src, meta = f"local:{_dtype_name(dtype)}", {"source": "local", "dtype": _dtype_name(dtype)}
+    else:
+        server = server if server is not None and server.kind == o.source else Server.open(o.source, o.url, o.model, o)
+        request = server.request_params(max_new_tokens)
+        src = json.dumps({"source": o.source, "server": server.reported, "request": request}, sort_keys=True)
+        meta = {"source": o.source, "server": server.reported, "request": request, "url": server.client.url}
+    meta.update(target=target.identity, max_new_tokens=max_new_tokens)
+    keys = [reference_key(target.identity, src, p, max_new_tokens, template) for p in prompts]
+    cache = ReferenceCache(cache_dir) if o.use_cache else None
+
+    def problem(ids: Any) -> str | None:
+        return completion_problem(ids, max_new_tokens, target.eos_ids, target.vocab_size)
+
+    cached = [cache.get(k, problem) if cache is not None and not o.refresh else None for k in keys]
+    plan = ReferencePlan(keys, cached, cache, server, meta)
+    if cache is not None and (why := cache.check_writable()) and plan.missing and strict:
+        miss = plan.missing
+        raise ReferenceError(
+            f"the reference cache {cache.root} cannot be written ({why}) and lacks {len(miss)} of {len(keys)} references this run needs "
+            f"(first: {names[miss[0]]}){'; references.refresh=true regenerates them all' if o.refresh else ''}. Make it writable, point "
+            "cache_dir (or DFLASH_CACHE_DIR) at a writable folder, or set references.use_cache=false to generate without caching"
+        )
+    return plan
+
+
+def check_references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
+                     dtype: Any, names: list[str] | None = None, **options: Any) -> ReferencePlan:
+    """Pre-flight, before the target's weights load (`target` may be a `TargetInfo`; `dtype` is the one
+    it will load in): the options, the server (reachable, its model known), the cache (writable, or
+    read-only and complete). Pass the plan's `server` to `get_references` to skip asking again."""
+    return _plan(target, prompts, max_new_tokens, template, cache_dir, dtype, ReferenceOptions(**options), _names(len(prompts), names), None)
+
+
+def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
+                o: ReferenceOptions, names: list[str], server: Server | None, strict: bool = True) -> tuple[list[list[int]], ReferenceStats]:
+    plan = _plan(target, prompts, max_new_tokens, template, cache_dir, target.dtype, o, names, server, strict)
+    todo = plan.missing
+    refs = list(plan.cached)
+    ro = plan.cache is not None and plan.cache.read_only
+    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source, server=plan.server.reported if plan.server else None, read_only=bool(ro))
+    if ro and not todo:
+        log.warning("references: the cache %s cannot be written (%s): using its %d references read-only", plan.cache.root, ro, len(prompts))
+    log.info("references (%s): %d prompts, %d cached, %d to generate%s", o.source, len(prompts), stats.hits, len(todo),
+             " (references.refresh=true)" if o.refresh and todo else "")
+
+    def done(j: int, comp: list[int]) -> None:  # j indexes todo
+        i = todo[j]
+        if (why := completion_problem(comp, max_new_tokens, target.eos_ids, target.vocab_size)) is not None:
+            raise ReferenceError(f"{names[i]}: the {o.source} reference {why} (got {snippet(json.dumps(comp), 120)}); nothing of it was cached")
+        refs[i] = comp
+        stats.generated += 1
+        stats.new_tokens += len(comp)
+        if plan.cache is not None:
+            plan.cache.put(plan.keys[i], comp, plan.meta)
+
+    if todo:
+        sub = [prompts[i] for i in todo]
+        if o.source == "local":
+            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile)
         else:
-            raise ReferenceError(f"unknown reference source {source!r}; use local, sglang or openai")
-    return out
+            assert plan.server is not None
+            server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency)
+            stats.retokenized = plan.server.retokenized
+            if plan.server.count_mismatch:
+                stats.warnings.append(f"{plan.server.count_mismatch} of {plan.server.retokenized} text answers re-tokenize to another length than "
+                                      "the server counted: its tokenizer differs from the target's (prefer references=sglang)")
+                log.warning("references: %s", stats.warnings[-1])
+    assert all(r is not None for r in refs), "a prompt was left without a reference"
+    return refs, stats  # type: ignore[return-value]
+
+
+def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
+           o: ReferenceOptions, names: list[str], stats: ReferenceStats) -> None:
+    """Generate a few prompts (spread over the set) with the local target; compare with the server's."""
+    k = min(o.probe_prompts, len(prompts))
+    idx = [j * len(prompts) // k for j in range(k)]
+    log.info("references: probing the server against the local target on %d prompts", k)
+    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh)
+    local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
+    served = [refs[i] for i in idx]
+    same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
+    stats.probe_prompts = k
+    stats.probe_prefix_agreement = sum(same) / max(1, sum(map(len, served)))
+    stats.probe_exact_match = sum(x == y for x, y in zip(local, served)) / k
+    log.info("references: probe: %.1f%% of the server's tokens agree with the local target before the first divergence; %d of %d identical",
+             100 * stats.probe_prefix_agreement, round(stats.probe_exact_match * k), k)
+    if stats.probe_prefix_agreement < o.probe_min_agreement:
+        w = (f"the {o.source} server's references agree with the local target on {stats.probe_prefix_agreement:.1%} of tokens before the first "
+             f"divergence ({round(stats.probe_exact_match * k)} of {k} probe prompts identical), below references.probe_min_agreement="
+             f"{o.probe_min_agreement:g}: the server runs another model, dtype or template than the target, so τ is measured against its outputs")
+        log.warning("references: %s", w)
+        stats.warnings.append(w)
 
 
 def get_references(
-    target: Target,
+    target: Any,
     prompts: list[list[int]],
     max_new_tokens: int,
     template: dict[str, Any],
@@ -162,24 +433,17 @@ def get_references(
     url: str | None = None,
     model: str | None = None,
     use_cache: bool = True,
+    *,
+    names: list[str] | None = None,
+    server: Server | None = None,
+    **options: Any,
 ) -> tuple[list[list[int]], ReferenceStats]:
-    cache = ReferenceCache(cache_dir)
-    # local greedy output depends on the dtype the target runs in (bf16 and fp32 diverge); a server's does not
-    src = f"local:{target.dtype}" if source == "local" else f"{source}:{url}"
-    keys = [reference_key(target.identity, src, p, max_new_tokens, template) for p in prompts]
-    refs: list[list[int] | None] = [cache.get(k) if use_cache else None for k in keys]
-    todo = [i for i, r in enumerate(refs) if r is None]
-    stats = ReferenceStats(hits=len(prompts) - len(todo), generated=len(todo))
-    if todo:
-        todo_prompts = [prompts[i] for i in todo]
-        if source == "local":
-            gen = greedy_generate(target, todo_prompts, max_new_tokens, batch_size)
-        else:
-            gen = server_generate(target, todo_prompts, max_new_tokens, source, url or "", model)
-        for i, comp in zip(todo, gen):
-            if not comp:
-                raise ReferenceError(f"prompt {i}: the reference completion is empty")
-            refs[i] = comp
-            stats.new_tokens += len(comp)
-            cache.put(keys[i], comp, {"target": target.identity, "source": source, "max_new_tokens": max_new_tokens})
-    return [r for r in refs if r is not None], stats
+    """The reference of every prompt (cached, or generated and cached as each finishes).
+    names: prompt ids for messages; server: the pre-flight's (`check_references(...).server`);
+    options: the other `references.*` fields (ReferenceOptions)."""
+    o = ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache, **options)
+    labels = _names(len(prompts), names)
+    refs, stats = _references(target, prompts, max_new_tokens, template, cache_dir, o, labels, server)
+    if o.probe_prompts and o.source != "local" and prompts:
+        _probe(target, prompts, refs, max_new_tokens, template, cache_dir, o, labels, stats)
+    return refs, stats

@@ -227,8 +227,22 @@ def _gguf_metadata(gguf: Path) -> tuple[Any, Any]:
     return config, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
+_INFO: dict[tuple, TargetInfo] = {}  # inspected targets: the jobs of a sweep in one process read each once
+
+
 def inspect_target(kind: str, path: str, cache_dir: str | Path = ".cache", max_context: int | None = None) -> TargetInfo:
-    """What the target is, without its weights (seconds; a GGUF is hashed once per file version)."""
+    """What the target is, without its weights (seconds; a GGUF is hashed once per file version;
+    remembered in this process while the source is unchanged)."""
+    key = (kind, path, str(cache_dir), max_context, _source_stamp(kind, path))
+    if key not in _INFO:
+        info = _inspect(kind, path, cache_dir, max_context)
+        if info.weights is None:  # a GGUF not converted yet: its converted copy will be read next time
+            return info
+        _INFO[key] = info
+    return _INFO[key]
+
+
+def _inspect(kind: str, path: str, cache_dir: str | Path, max_context: int | None) -> TargetInfo:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     cache = Path(cache_dir).expanduser()

@@ -1,14 +1,19 @@
-"""References: batched greedy == one-by-one greedy == transformers' generate; the on-disk cache;
-an SGLang-style server (a stand-in on 127.0.0.1 answering like /generate)."""
+"""Local references: batched greedy == one-by-one greedy == transformers' generate; the on-disk
+cache (keyed by what decides a reference, written per prompt as it finishes, resumed after an
+interrupt, invalid entries regenerated, files following the umask, read-only use). Servers:
+tests/test_reference_server.py."""
 
+import errno
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import os
+import shutil
+import subprocess
 
 import pytest
 import torch
 
-from dflash.references import ReferenceError, get_references, greedy_generate, reference_key
+from dflash import references
+from dflash.references import ReferenceError, atomic_write_text, check_references, get_references, greedy_generate, reference_key
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22]]
 
@@ -20,6 +25,17 @@ def test_batched_greedy_equals_single_and_hf_generate(qwen3_target):
     for p, out in zip(PROMPTS, single):
         hf = qwen3_target.model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=qwen3_target.eos_ids)
         assert hf[0, len(p):].tolist()[: len(out)] == out
+
+
+def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
+    """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
+    from dflash.decode import Generator
+
+    monkeypatch.setattr(references, "_static_engine", lambda t, b, p, n: Generator(t, b, p, n, graphs=False))
+    seen = {}
+    out = greedy_generate(qwen3_target, PROMPTS, 12, 3, on_done=lambda i, comp: seen.setdefault(i, comp))
+    monkeypatch.undo()
+    assert out == greedy_generate(qwen3_target, PROMPTS, 12, 3) and seen == dict(enumerate(out))
 
 
 def test_stops_at_eos(qwen3_target):
@@ -60,42 +76,126 @@ def test_unreadable_cache_entry_is_regenerated(qwen3_target, tmp_path):
     assert again == refs and st.generated == 1
 
 
-@pytest.fixture
-def sglang_stub():
-    seen = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body))
-            n = body["sampling_params"]["max_new_tokens"]
-            out = {"text": "x", "output_ids": [t + 1 for t in body["input_ids"]][:n], "meta_info": {"spec_accept_length": 1.0}}
-            data = json.dumps(out).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), Handler)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_port}", seen
-    srv.shutdown()
+def entries(root):
+    return sorted((root / "references").rglob("*.json"))
 
 
-def test_sglang_server_references(qwen3_target, tmp_path, sglang_stub):
-    url, seen = sglang_stub
-    refs, st = get_references(qwen3_target, PROMPTS[:2], 3, {}, tmp_path, source="sglang", url=url)
-    assert refs == [[6, 10, 12], [8, 4]]
-    assert seen[0][0] == "/generate" and seen[0][1]["input_ids"] == PROMPTS[0] and seen[0][1]["sampling_params"]["temperature"] == 0.0
-    _, st = get_references(qwen3_target, PROMPTS[:2], 3, {}, tmp_path, source="sglang", url=url)
-    assert st.hits == 2 and len(seen) == 2  # cached: the server is not asked again
+@pytest.mark.parametrize("bad", [[], [300, 2], [7, 2, 9, 2], [7, 9]])  # empty, outside the vocabulary, past EOS, short without EOS
+def test_invalid_cached_entry_is_regenerated(qwen3_target, tmp_path, bad):
+    refs, _ = get_references(qwen3_target, PROMPTS[:1], 8, {}, tmp_path)
+    (entry,) = entries(tmp_path)
+    entry.write_text(json.dumps({"completion_ids": bad}))
+    again, st = get_references(qwen3_target, PROMPTS[:1], 8, {}, tmp_path)
+    assert again == refs and (st.hits, st.generated) == (0, 1)
+    assert json.loads(entry.read_text())["completion_ids"] == refs[0]
 
 
-def test_server_down_is_a_clear_error(qwen3_target, tmp_path):
-    with pytest.raises(ReferenceError, match="did not answer"):
-        get_references(qwen3_target, PROMPTS[:1], 3, {}, tmp_path, source="sglang", url="http://127.0.0.1:9")
+def test_refresh_regenerates_and_use_cache_false_writes_nothing(qwen3_target, tmp_path):
+    refs, _ = get_references(qwen3_target, PROMPTS[:2], 6, {}, tmp_path)
+    for e in entries(tmp_path):
+        e.write_text(json.dumps({"completion_ids": [9] * 6}))  # valid in form, but not what the target says
+    stale, st = get_references(qwen3_target, PROMPTS[:2], 6, {}, tmp_path)
+    assert stale == [[9] * 6] * 2 and st.hits == 2
+    fresh, st = get_references(qwen3_target, PROMPTS[:2], 6, {}, tmp_path, refresh=True)
+    assert fresh == refs and (st.hits, st.generated) == (0, 2)
+    assert [json.loads(e.read_text())["completion_ids"] for e in entries(tmp_path)] != [[9] * 6] * 2  # overwritten
+    _, st = get_references(qwen3_target, PROMPTS[:2], 7, {}, tmp_path / "none", use_cache=False)
+    assert st.generated == 2 and not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o022])
+def test_cache_files_and_folders_follow_the_umask(qwen3_target, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        get_references(qwen3_target, PROMPTS[:1], 4, {}, tmp_path)
+        atomic_write_text(tmp_path / "other" / "x.json", "{}")
+    finally:
+        os.umask(old)
+    (entry,) = entries(tmp_path)
+    for path, mode in [(entry, 0o666), (entry.parent, 0o777), (tmp_path / "references", 0o777), (tmp_path / "other" / "x.json", 0o666)]:
+        assert path.stat().st_mode & 0o777 == mode & ~umask, path
+
+
+def test_interrupted_generation_resumes_with_what_is_missing(qwen3_target, tmp_path, monkeypatch):
+    """One batch of 4: the shortest prompt's row is forced to EOS at its second token, then the run is
+    interrupted two steps later. That row was cached as it finished; the rerun generates the other 3."""
+    clean = greedy_generate(qwen3_target, PROMPTS, 10, 4)
+    real, calls = references.forward, []
+    short = min(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))  # row 0 of the sorted batch
+
+    def flaky(target, ids, cache, **kw):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        out = real(target, ids, cache, **kw)
+        if len(calls) == 2:  # the logits of every row's second token
+            out.logits[0, -1] = -1e9
+            out.logits[0, -1, qwen3_target.eos_ids[0]] = 0.0
+        return out
+
+    monkeypatch.setattr(references, "forward", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        get_references(qwen3_target, PROMPTS, 10, {}, tmp_path, batch_size=4)
+    (entry,) = entries(tmp_path)
+    assert json.loads(entry.read_text())["completion_ids"] == [clean[short][0], qwen3_target.eos_ids[0]]
+    assert not list(tmp_path.rglob("*.tmp"))
+    monkeypatch.setattr(references, "forward", real)
+    refs, st = get_references(qwen3_target, PROMPTS, 10, {}, tmp_path, batch_size=4)
+    assert (st.hits, st.generated) == (1, 3)
+    assert [r for i, r in enumerate(refs) if i != short] == [r for i, r in enumerate(clean) if i != short]
+
+
+@pytest.fixture(params=["immutable", "injected"])
+def make_read_only(request, monkeypatch):
+    """Make <root>/references unwritable, root included: `chattr +i` (binds root) where it works,
+    else every write of the references module fails with EROFS."""
+    made = []
+
+    def make(root):
+        tree = root / "references"
+        if request.param == "immutable":
+            if not shutil.which("chattr") or subprocess.run(["chattr", "-R", "+i", str(tree)], capture_output=True).returncode:
+                pytest.skip("chattr +i does not work here")
+            made.append(tree)
+        else:
+            def refuse(path, text):
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+            monkeypatch.setattr(references, "atomic_write_text", refuse)
+
+    yield make
+    for tree in made:
+        subprocess.run(["chattr", "-R", "-i", str(tree)], check=True)
+
+
+def test_read_only_cache_with_every_reference_warns_and_works(qwen3_target, tmp_path, make_read_only, caplog):
+    refs, _ = get_references(qwen3_target, PROMPTS[:3], 6, {}, tmp_path)
+    make_read_only(tmp_path)
+    again, st = get_references(qwen3_target, PROMPTS[:3], 6, {}, tmp_path)
+    assert again == refs and st.hits == 3 and st.read_only
+    assert "cannot be written" in caplog.text and "read-only" in caplog.text
+
+
+def test_read_only_cache_lacking_references_fails_before_generating(qwen3_target, qwen3_dir, tmp_path, make_read_only, monkeypatch):
+    from dflash.target import inspect_target
+
+    get_references(qwen3_target, PROMPTS[:2], 6, {}, tmp_path)
+    make_read_only(tmp_path)
+    monkeypatch.setattr(references, "greedy_generate", lambda *a, **k: pytest.fail("generation started"))
+    info = inspect_target("hf", str(qwen3_dir), tmp_path)  # the pre-flight needs no weights
+    with pytest.raises(ReferenceError, match=r"cannot be written .* lacks 1 of 3 references .*first: prompt 2 \('c'\)"):
+        check_references(info, PROMPTS[:3], 6, {}, tmp_path, "float32", names=["a", "b", "c"])
+    with pytest.raises(ReferenceError, match="lacks 1 of 3"):
+        get_references(qwen3_target, PROMPTS[:3], 6, {}, tmp_path)
+
+
+def test_bad_options_are_config_errors(qwen3_target, tmp_path):
+    from dflash.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="references.deadline_s=0"):
+        get_references(qwen3_target, PROMPTS[:1], 4, {}, tmp_path, deadline_s=0)
+    with pytest.raises(ConfigError, match="prompts.max_new_tokens=0"):
+        get_references(qwen3_target, PROMPTS[:1], 0, {}, tmp_path)
+    with pytest.raises(TypeError):  # a misspelt option is not silently ignored
+        get_references(qwen3_target, PROMPTS[:1], 4, {}, tmp_path, deadline=3)
