@@ -61,13 +61,19 @@ def family(tmp: Path):
 
 
 class _Hang(BaseHTTPRequestHandler):
-    """Takes a request and never answers (until the test ends)."""
+    """An SGLang server that says what it serves and never answers a generation (until the test ends)."""
 
-    def _hang(self):
+    def do_GET(self):
+        body = json.dumps({"model_path": "tiny-random-qwen3", "is_generation": True}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
         self.server.hit.set()  # type: ignore[attr-defined]
         self.server.release.wait(600)  # type: ignore[attr-defined]
-
-    do_POST = do_GET = _hang
 
     def log_message(self, *args):
         pass
