@@ -66,14 +66,12 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
     ref = info.references
     ckpt = f", `{info.checkpoint_path}`" if info.checkpoint_path else ""
     sha = f" (sha256 `{info.checkpoint_sha256[:12]}`)" if info.checkpoint_sha256 else ""
+    per_subset = ", ".join(f"{s} **{fmt(m.get(f'acceptance_length/{s}'))}** ({n[s]})" for s in sorted(n))
     lines = [
-        f"**τ = {fmt(m.get('acceptance_length'))} ± {fmt(m.get('acceptance_length_se'))}** (acceptance length: committed tokens per verify "
-        f"step, bonus included; ± SE over {len(res.prompts)} prompts). Expected from accuracy {fmt(m.get('expected_acceptance_length'))}, "
-        f"per-prompt mean {fmt(m.get('acceptance_length_macro'))}.",
+        f"**τ = {fmt(m.get('acceptance_length'))} ± {fmt(m.get('acceptance_length_se'))}**; per subset (prompts): {per_subset}",
         "",
-        "| subset | τ | prompts |",
-        "| --- | --- | --- |",
-        *[f"| {s} | {fmt(m.get(f'acceptance_length/{s}'))} | {n[s]} |" for s in sorted(n)],
+        f"τ: committed tokens per verify step, bonus included (plain decoding = 1); ± SE over {len(res.prompts)} prompts. Expected from "
+        f"teacher-forced accuracy {fmt(m.get('expected_acceptance_length'))}, per-prompt mean {fmt(m.get('acceptance_length_macro'))}.",
         "",
         f"- **drafter**: {info.drafter_name} @ step {info.drafter_step if info.drafter_step is not None else '-'}{ckpt}{sha}; "
         f"block {info.block_size}, taps {info.target_layer_ids}, mask id {info.mask_token_id}",
@@ -99,9 +97,12 @@ def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[
     if table:
         lines += [f"| run | {' | '.join(swept)} | τ ± SE | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
                   "| --- |" + " --- |" * (len(swept) + 2)]
-        for r in table:
+        first = next((i for i, r in enumerate(table) if r["tau"] is not None), None)  # what the others are paired against
+        for i, r in enumerate(table):
             vals = "".join(f" {r.get(k, '')} |" for k in swept)
-            lines.append(f"| {r['run']} |{vals} {fmt(r['tau'])} ± {fmt(r['tau_se'])} | {fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])} |")
+            delta = "baseline" if i == first else "-" if r["delta_tau"] is None else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}"
+            tau = "- (no result)" if r["tau"] is None else f"{fmt(r['tau'])} ± {fmt(r['tau_se'])}"
+            lines.append(f"| {r['run']} |{vals} {tau} | {delta} |")
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
     lines += ["", "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, `sweep/per_position.png`."]

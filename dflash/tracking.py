@@ -296,15 +296,19 @@ class Run:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
-    def log_metrics(self, metrics: dict[str, float | None], step: int = 0, curves: dict[str, Sequence[float | None]] | None = None, first_step: int = 1) -> None:
+    def log_metrics(self, metrics: dict[str, float | None], step: int = 0, curves: dict[str, Sequence[float | None]] | None = None,
+                    first_step: int = 1, digits: int | None = None) -> None:
         """Scalars at `step`, and each curve as one metric with step = first_step, first_step + 1, ...;
-        undefined values (None, NaN, inf) are not logged."""
+        undefined values (None, NaN, inf) are not logged; `digits`: rounded to that many decimals (what the UI shows)."""
         from mlflow.entities import Metric
 
+        def v_(v: float) -> float:
+            return round(float(v), digits) if digits is not None else float(v)
+
         ts = int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if _finite(v)]
+        items = [Metric(k, v_(v), ts, step) for k, v in metrics.items() if _finite(v)]
         for name, values in (curves or {}).items():
-            items += [Metric(name, float(v), ts, k) for k, v in enumerate(values, start=first_step) if _finite(v)]
+            items += [Metric(name, v_(v), ts, k) for k, v in enumerate(values, start=first_step) if _finite(v)]
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
 
@@ -467,7 +471,7 @@ def close_sweep(uri: str, sweep_id: str, failed: Sequence[dict[str, Any]] = (), 
         best = compare.best(table)
         if best is not None:
             m = client.get_run(best["run_id"]).data.metrics
-            run.log_metrics({k: v for k, v in m.items() if k.startswith(("acceptance_length", "expected_acceptance_length"))})
+            run.log_metrics({k: v for k, v in m.items() if k.startswith(("acceptance_length", "expected_acceptance_length"))}, digits=4)
             run.set_tags({"dflash.best_child": f"{best['run']} ({best['run_id']})"})
         fails = [f"job {r['job']} ({r.get('label') or ' '.join(r['overrides'])}): {r['error']}" for r in failed]
         tags = {"dflash.jobs": f"{len(kids)} children, {len(bad_jobs)} failed", "dflash.failed_jobs": "; ".join(fails) or None}
