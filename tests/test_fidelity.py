@@ -262,3 +262,18 @@ def test_default_taps_are_the_public_rule_for_the_target(qwen3_target, tmp_path)
     assert src.config.target_layer_ids is None
     got = load_drafter(qwen3_target, "hf", "x", path=str(folder)).model.cfg
     assert got.target_layer_ids == [1, 3] and got.num_taps == LAYERS
+
+
+def test_effective_config_records_what_was_evaluated(qwen3_target, tmp_path):
+    from dflash.drafter_config import effective_config
+
+    folder = write_drafter(tmp_path / "d", {"rope_parameters": YARN, **SLIDING}, bias=True)
+    cfg = load_drafter(qwen3_target, "hf", "x", path=str(folder)).model.cfg
+    e = effective_config(cfg)
+    assert {k: e[k] for k in ("block_size", "target_layer_ids", "mask_token_id", "num_layers", "head_dim", "attention_bias")} == \
+        {"block_size": B, "target_layer_ids": TAPS, "mask_token_id": MASK_ID, "num_layers": LAYERS, "head_dim": D, "attention_bias": True}
+    assert (e["rope_type"], e["rope_theta"], e["rope_factor"], e["rope_original_max_position_embeddings"]) == ("yarn", 10000.0, 4.0, 128)
+    assert e["rope_attention_scaling"] == pytest.approx(1.1386, abs=1e-4)
+    assert (e["sliding_layers"], e["sliding_window"], e["sliding_window_applied"]) == ([0, 1], 4, True)
+    assert effective_config(cfg, apply_window=False)["sliding_window_applied"] is False
+    assert all(isinstance(v, (int, float, str, bool, list, type(None))) for v in e.values())
