@@ -68,9 +68,14 @@ class Rotary:
         self.inv_freq, self.scaling, self.limit = rotary_parameters(cfg)
         self.rope_type = cfg.rope_parameters["rope_type"]
 
+    def _past_limit(self, pos: Tensor) -> bool:
+        if pos.is_cuda and torch.cuda.is_current_stream_capturing():  # a CUDA graph (the online loop) cannot sync
+            return False
+        return bool(pos.numel()) and int(pos.max()) + 1 > self.limit
+
     def __call__(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """pos [..., L] -> cos, sin [..., L, D] (HF's rotate_half convention)."""
-        if self.limit is not None and pos.numel() and int(pos.max()) + 1 > self.limit:
+        if self.limit is not None and self._past_limit(pos):
             raise CheckpointError(
                 f"position {int(pos.max())} is past this drafter's {self.rope_type} rope limit of {self.limit} positions: there "
                 "transformers recomputes the frequencies from the loop's history and SGLang differs; not implemented. "

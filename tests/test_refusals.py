@@ -178,3 +178,24 @@ def test_refused_drafter_exits_2_before_the_target_weights_load(tmp_path, broken
     # the control: with a drafter that passes, the same command reaches the broken weights and fails there
     r = _evaluate(tmp_path, broken_target, good)
     assert r.returncode != 0 and "projector_type" not in r.stderr and "safetensors" in (r.stderr + r.stdout).lower(), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+                                  {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 32,
+                                   "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}])
+def test_length_dependent_rope_past_its_limit(qwen3_target, tmp_path, rope):
+    """dynamic / longrope past max_position_embeddings / original_max_position_embeddings (32 here):
+    transformers' result depends on the loop's history there; refused, before the target loads when
+    the lengths are known (fit_drafter's max_len), else at the forward."""
+    folder = write_drafter(tmp_path / "d", {"rope_parameters": rope, "max_position_embeddings": 32 if rope["rope_type"] == "dynamic" else 64})
+    src = read_drafter("hf", "x", path=str(folder))
+    fit_drafter(src, qwen3_target, max_len=20)  # 20 + a block of 4 stays within 32
+    with pytest.raises(CheckpointError, match=f"{rope['rope_type']} rope limit of 32 positions"):
+        fit_drafter(src, qwen3_target, max_len=30)
+    from dflash.checkpoint import build_drafter
+
+    model = build_drafter(fit_drafter(src, qwen3_target)).model
+    with torch.no_grad():
+        model(torch.zeros(1, 20, 3 * 64), torch.zeros(1, 1, 4, 64), torch.tensor([[20]]))
+        with pytest.raises(CheckpointError, match="position 32 is past"):
+            model(torch.zeros(1, 30, 3 * 64), torch.zeros(1, 1, 4, 64), torch.tensor([[29]]))
