@@ -129,24 +129,22 @@ class DrafterConfig:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
 
     @property
-    def num_taps(self) -> int:
+    def num_taps(self) -> int:  # without target_layer_ids: the public rule's count, one per draft layer
         return len(self.target_layer_ids) if self.target_layer_ids else self.num_hidden_layers
 
     def to_hf(self) -> dict[str, Any]:
         """config.json of the public HF format (a Qwen3 config as transformers 5 writes it, plus DFlash's fields)."""
         d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id", "mask_token")}
-        dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids or [])}
-        if self.mask_token_id is None:
-            dflash = {"mask_token": self.mask_token} if self.mask_token else {}
-            if self.target_layer_ids:
-                dflash["target_layer_ids"] = list(self.target_layer_ids)
+        dflash = {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
+        if self.target_layer_ids:
+            dflash["target_layer_ids"] = list(self.target_layer_ids)
         sliding = "sliding_attention" in self.layer_types
         return {**self.extra, **d, "use_sliding_window": sliding, "hidden_act": "silu", "architectures": ["DFlashDraftModel"],
                 "model_type": "qwen3", "dflash_config": dflash}
 
     @classmethod
     def from_hf(cls, d: dict[str, Any], overrides: dict[str, Any] | None = None) -> "DrafterConfig":
-        """Parse a config.json dict (warnings are logged); see `parse_config`."""
+        """Parse a config.json dict; `parse_config` also returns the precedence warnings."""
         return parse_config(d, overrides)[0]
 
 
