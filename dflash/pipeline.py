@@ -212,6 +212,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         prompts, ids = load_prompt_ids(cfg, info)
         src = fit_drafter(src, info, max(map(len, ids)) + cfg.prompts.max_new_tokens)  # taps, mask token, shapes vs the target
     target, drafter = load_models(cfg, info, timings, src)
+    del src  # its weights are the module's now
     pc, rc = cfg.prompts, cfg.references
     with timed(timings, "references"):
         refs, ref_stats = get_references(target, ids, pc.max_new_tokens, vars(cfg.target.template), cfg.cache_dir, source=rc.source,
