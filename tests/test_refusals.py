@@ -4,7 +4,6 @@ all), and end to end: `evaluate.py` exits 2 before the target's weights are read
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
