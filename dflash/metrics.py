@@ -4,6 +4,9 @@ Conventions (named here, logged under these names):
 - `acceptance_length` τ: committed tokens per verify step, bonus included (plain decoding = 1);
   token-weighted over all steps. `acceptance_length_macro`: mean of per-prompt τ (what DFlash's
   benchmark prints). `mean_accepted` = τ - 1 is gpt-fast's "mean accepted" (bonus excluded).
+  The last step of a prompt commits at most what is left of the reference (capped); the other side,
+  `acceptance_length_uncapped` (and `_macro_uncapped`), counts every step in full (accepted + 1,
+  the bonus past the reference end included), as z-lab's original benchmark loop does (README).
 - `accept_rate/pos_k`: cumulative, accepted_at_pos[k] / steps (vLLM's).
 - `accept_rate_cond/pos_k`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B).
 - `accuracy/pos_k`: teacher-forced, slot k right whatever the earlier slots, over every anchor.
@@ -30,6 +33,7 @@ class Counters:
     drafted: int = 0  # drafted tokens (B-1 per step)
     accepted: int = 0  # drafted tokens accepted
     committed: int = 0  # tokens committed by verify steps (accepted + bonus, capped at the reference end)
+    committed_uncapped: int = 0  # the same with every step counted in full (accepted + 1): z-lab's original convention
     new_tokens: int = 0  # all generated tokens: committed + the first one from prefill
     prompts: int = 0
     wall_s: float = 0.0
@@ -135,6 +139,9 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
+    if total.committed_uncapped:  # the replay's (the online loop does not count it)
+        m["acceptance_length_uncapped"] = _div(total.committed_uncapped, total.steps)
+        m["acceptance_length_macro_uncapped"] = _div(sum(_div(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
     for k, (r, rc, a) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc), start=1):
         m[f"accept_rate/pos_{k:02d}"] = r
         m[f"accept_rate_cond/pos_{k:02d}"] = rc

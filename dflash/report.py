@@ -12,6 +12,8 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         f"acceptance length τ (bonus included, token-weighted): {m['acceptance_length']:.3f} ± {m['acceptance_length_se']:.3f} (SE over prompts)   "
         f"macro (per-prompt mean): {m['acceptance_length_macro']:.3f}   expected from accuracy: {m['expected_acceptance_length']:.3f}",
     ]
+    if info.drafter_config:
+        lines.append("drafter config: " + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items()) + f"; stop ids {info.stop_ids}")
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
     if subsets:
         lines.append("τ per subset: " + "   ".join(f"{s} {m[f'acceptance_length/{s}']:.3f}" for s in subsets))

@@ -250,7 +250,7 @@ def test_pipeline_checks_the_server_before_loading_the_target(qwen3_dir, tmp_pat
     from dflash.config import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
 
     monkeypatch.setattr(pipeline, "load_models", lambda *a, **k: pytest.fail("the target's weights were loaded"))
-    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir)), drafter=DrafterSchema(kind="init"),
+    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250), drafter=DrafterSchema(kind="init"),
                      prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
                      references=ReferencesConfig(source="openai", url=fake.url, model=None), cache_dir=str(tmp_path))
     with pytest.raises(ReferenceError, match=r"references=openai needs references.model: .* serves \['other', 'tiny'\]"):
