@@ -183,7 +183,6 @@ def test_chart_view_shows_tau_and_curves_first(ui):
     page.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 part 5: evaluate.py does not log the PNG plots yet (dflash.plots.run_plots)")
 def test_plots_show_in_the_artifact_view(ui):
     base, exp, run, client, ctx = ui
     pngs = [p for p in _artifacts(client, run.info.run_id) if p.endswith(".png")]
@@ -196,7 +195,6 @@ def test_plots_show_in_the_artifact_view(ui):
         page.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 part 5: evaluate.py does not log samples.html yet (dflash.samples.artifacts)")
 def test_samples_page_renders_its_colours_and_runs_no_prompt_script(ui):
     base, exp, run, client, ctx = ui
     assert "samples.html" in _artifacts(client, run.info.run_id)
