@@ -76,7 +76,7 @@ class Client:
         self.url, self.policy = url.rstrip("/"), policy
         self._conn = (http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection, u.hostname, u.port)
         self._prefix = u.path.rstrip("/")
-        self._live: set[http.client.HTTPConnection] = set()
+        self._live: dict[http.client.HTTPConnection, socket.socket | None] = {}  # calls in flight and their sockets
         self._lock = threading.Lock()
         self._closed = False
 
@@ -90,9 +90,9 @@ class Client:
         """Abort every call in flight; later calls fail at once."""
         with self._lock:
             self._closed = True
-            live = list(self._live)
-        for conn in live:
-            _shutdown(conn)
+            live = list(self._live.items())
+        for conn, sock in live:
+            _shutdown(sock or conn.sock)
 
     def call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
         p, where = self.policy, f"{method} {self.url}{path}"
@@ -132,12 +132,14 @@ class Client:
         with self._lock:
             if self._closed:
                 raise _Fatal("aborted")
-            self._live.add(conn)
+            self._live[conn] = None
         try:
             try:
                 conn.connect()
             except TimeoutError:
                 raise _Retry(f"no connection within references.connect_timeout_s={p.connect_timeout_s:g} s") from None
+            with self._lock:
+                self._live[conn] = conn.sock  # kept: http.client lets go of conn.sock once an answer will close the connection
             conn.sock.settimeout(max(1e-3, min(p.read_timeout_s, end - time.monotonic())))
             body = json.dumps(payload).encode() if payload is not None else None
             conn.request(method, self._prefix + path, body=body, headers={"Content-Type": "application/json", "Accept": "application/json"})
@@ -151,7 +153,7 @@ class Client:
             raise _Retry(f"{type(e).__name__}: {e}") from None
         finally:
             with self._lock:
-                self._live.discard(conn)
+                self._live.pop(conn, None)
             conn.close()
 
 
@@ -194,8 +196,7 @@ class _Reads(io.RawIOBase):
             raise
 
 
-def _shutdown(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
+def _shutdown(sock: socket.socket | None) -> None:
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read in another thread

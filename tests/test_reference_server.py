@@ -71,6 +71,13 @@ def serve(fake: Fake):
             if out == "silent":  # nothing for 2 s, then the connection closes
                 time.sleep(2)
                 return
+            if out == "stall_body":  # headers of an HTTP/1.0 answer (the connection will close), then nothing for 10 s
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.flush()
+                time.sleep(10)
+                return
             if out == "trickle":  # headers, then a byte now and then: every read succeeds, the answer never ends
                 self.send_response(200)
                 self.send_header("Content-Length", "1000")
@@ -276,3 +283,17 @@ def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake
     fake.fault = lambda kind, body: (200, "application/json", json.dumps(text).encode())
     refs, st = get_references(qwen3_target, PROMPTS[:1], 6, {}, tmp_path, source="openai", url=fake.url, model="tiny", **FAST)
     assert refs == [[40, 41, EOS]] and st.retokenized == 1 and "tokenizer differs" in st.warnings[0]
+
+
+def test_abort_wakes_a_call_blocked_after_the_headers(fake):
+    """http.client drops conn.sock once an answer will close the connection: close() must still reach the socket."""
+    from dflash.server import CallPolicy, Client
+
+    fake.fault = lambda kind, body: "stall_body"
+    client, got = Client(fake.url, CallPolicy(read_timeout_s=20, deadline_s=30, retries=0)), []
+    th = threading.Thread(target=lambda: got.append(pytest.raises(ReferenceError, client.post, "/generate", {"input_ids": [5]})))
+    th.start()
+    time.sleep(0.5)
+    client.close()
+    th.join(timeout=5)
+    assert not th.is_alive() and "aborted" in str(got[0].value)  # not the 20 s read timeout
