@@ -235,8 +235,9 @@ class Server:
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def request_params(self, max_new_tokens: int) -> dict[str, Any]:
-        """The request without the prompt: part of the cache key."""
+    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+        """The request without the prompt: part of the cache key. It asks the server to stop at the
+        target's stop ids, where local greedy decoding stops (a server's own stop list may differ)."""
         raise NotImplementedError
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
@@ -273,11 +274,11 @@ class SGLang(Server):
             raise ReferenceError(f"the SGLang server at {self.client.url} serves {info['model_path']} as an embedding model, not a generator")
         return {k: info.get(k) for k in ("model_path", "tokenizer_path", "weight_version")}
 
-    def request_params(self, max_new_tokens: int) -> dict[str, Any]:
-        return {"path": "/generate", "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+        return {"path": "/generate", "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "stop_token_ids": list(eos_ids)}}
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
-        r = self.client.post("/generate", {"input_ids": ids, "sampling_params": self.request_params(max_new_tokens)["sampling_params"]})
+        r = self.client.post("/generate", {"input_ids": ids, "sampling_params": self.request_params(max_new_tokens, eos_ids)["sampling_params"]})
         r = r[0] if isinstance(r, list) and r else r
         out = _field(r, "output_ids")
         if not isinstance(out, list):
@@ -314,11 +315,11 @@ class OpenAI(Server):
         card = served[self.model]
         return {"model": self.model, "root": _field(card, "root"), "owned_by": _field(card, "owned_by")}
 
-    def request_params(self, max_new_tokens: int) -> dict[str, Any]:
-        return {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": 0.0}
+    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+        return {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": list(eos_ids)}
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
-        payload = {**self.request_params(max_new_tokens), "prompt": ids}
+        payload = {**self.request_params(max_new_tokens, eos_ids), "prompt": ids}
         payload.pop("path")
         try:
             r = self.client.post("/v1/completions", {**payload, "return_token_ids": True} if self.token_ids else payload)

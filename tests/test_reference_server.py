@@ -132,7 +132,7 @@ def test_sglang_references_checked_cached_and_keyed_by_the_served_model(qwen3_ta
     refs, st = refs_of(qwen3_target, tmp_path, fake)
     assert refs == [honest(p, 6) for p in PROMPTS] and (st.hits, st.generated) == (0, 3)
     assert st.server["model_path"] == "org/model-a"
-    assert fake.posts[0] == {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0.0, "max_new_tokens": 6}}
+    assert fake.posts[0] == {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "stop_token_ids": [2]}}  # stops where local greedy stops
     again, st = refs_of(qwen3_target, tmp_path, fake)
     assert again == refs and st.hits == 3 and len(fake.posts) == 3  # cached: not asked again
     fake.model = "org/model-b"  # the server now serves another model: other references
