@@ -40,7 +40,8 @@ def resolved_params(res) -> dict[str, Any]:
     """What the config left to the checkpoint, the target or `auto`, as evaluated."""
     i = res.info
     return {"drafter.name": i.drafter_name, "drafter.step": i.drafter_step, "drafter.block_size": i.block_size, "drafter.target_layer_ids": i.target_layer_ids,
-            "drafter.mask_token_id": i.mask_token_id, "device.name": i.device, "device.dtype": i.dtype, "target.dtype": i.dtype}
+            "drafter.mask_token_id": i.mask_token_id, "device.name": i.device, "device.dtype": i.dtype, "target.dtype": i.dtype,
+            **{f"drafter.config.{k}": v for k, v in i.drafter_config.items()}}  # the drafter as built (dflash.drafter_config)
 
 
 def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:

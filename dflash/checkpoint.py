@@ -1,21 +1,38 @@
-"""Drafter checkpoints: find, load, check against the target, save (DFLASH.md §5).
+"""Drafter checkpoints: read and check, fit to the target, build, save (DFLASH.md §5).
+
+Loading runs in three phases, so a drafter that cannot work fails before the target's weights load:
+
+1. `read_drafter` (no target): find the files, read config and weights, parse the config
+   (dflash/drafter_config.py: every refusal of a key or value), check the tensors against the
+   model that config describes (missing, not consumed, wrong shape, not finite).
+2. `fit_drafter(src, target)` (the target's config and tokenizer only: a `TargetInfo` or a
+   `Target`): default taps from the target's layer count (the public rule), `mask_token` through the
+   target's tokenizer, `drafter=init`'s shapes, `check_against_target`.
+3. `build_drafter`: the module with its weights (CPU, float32; the caller moves it beside the
+   target's last layers).
+`load_drafter` runs all three.
 
 Kinds:
 - `training`: `<run_dir>/step_<N>/checkpoint.pt`, a torch pickle with the weights under a key
-  such as `model`, plus optimizer state, step and config. Loaded with `weights_only=True` and
-  `mmap=True`; `module.` / `_orig_mod.` prefixes stripped; optimizer state never touched.
-  A `step_<N>/` folder holding the HF format (config.json + safetensors) is accepted too.
+  such as `model`, plus optimizer state, step and config. Loaded with `weights_only=True` (a
+  pickle that would run code is refused) and `mmap=True`; `module.` / `_orig_mod.` prefixes
+  stripped; optimizer state never touched. A `step_<N>/` folder holding the HF format
+  (config.json + safetensors) is accepted too; a folder holding both formats is refused.
 - `hf`: a public HF-format folder (config.json + model.safetensors).
 - `init`: deterministic random weights with the target's shapes (smoke runs, training start).
 
 Block size, taps and mask id come from the checkpoint's config; the `overrides` dict only fills
-what a checkpoint lacks. `check_against_target` runs before any work.
+what a checkpoint lacks. Tensors: every one the model needs must be there and finite, and every
+one there must be consumed, except transformers' rotary caches (`*rotary_emb.inv_freq`, recomputed
+from the config as SGLang ignores them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pickle
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -24,32 +41,50 @@ from typing import Any
 
 import torch
 
-from dflash.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
+from dflash.drafter import DFlashDrafter
+from dflash.drafter_config import DrafterConfig, build_target_layer_ids, parse_config, rotary_parameters
+from dflash.errors import CheckpointError
+from dflash.progress import log
 from dflash.references import atomic_write_text
-from dflash.target import Target, sha256_file
+from dflash.target import sha256_file
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")
+IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+PICKLES = ("checkpoint.pt", "*.bin", "*.pt", "*.pth")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-from dflash.errors import CheckpointError
+@dataclass
+class DrafterSource:
+    """A drafter read and checked (phase 1), then fitted to a target (phase 2: `config` complete)."""
+
+    kind: str
+    name: str  # for run names: "<drafter>@step_<N>"
+    step: int | None
+    path: str | None
+    sha256: str | None
+    config: DrafterConfig | None  # kind=init: None until fitted
+    state_dict: dict[str, torch.Tensor] | None  # kind=init: None
+    warnings: list[str] = field(default_factory=list)
+    init: dict[str, Any] = field(default_factory=dict)  # kind=init: num_layers, num_taps, seed, overrides
 
 
 @dataclass
 class LoadedDrafter:
     model: DFlashDrafter
-    name: str  # for run names: "<drafter>@step_<N>"
+    name: str
     step: int | None
     path: str | None
     sha256: str | None
     warnings: list[str] = field(default_factory=list)
 
 
+# --- finding and reading files ---------------------------------------------------------------------
+
+
 def list_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in run_dir.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name)))
-
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def find_path(p: str | Path) -> Path:
@@ -59,6 +94,19 @@ def find_path(p: str | Path) -> Path:
     if not path.is_absolute() and not path.exists() and (PROJECT_ROOT / path).exists():
         return PROJECT_ROOT / path
     return path
+
+
+def _formats(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(pickles, safetensors) in a folder; both at once is refused: which one is the drafter?"""
+    pickles = sorted({p for pat in PICKLES for p in folder.glob(pat)})
+    st = sorted(folder.glob("*.safetensors"))
+    if pickles and st:
+        raise CheckpointError(
+            f"{folder} holds both a torch pickle ({', '.join(p.name for p in pickles)}) and safetensors "
+            f"({', '.join(p.name for p in st)}): it is not clear which is the drafter. Keep one format in the folder "
+            "(move the other away): checkpoint.pt for a training checkpoint, config.json + model.safetensors for the HF format"
+        )
+    return pickles, st
 
 
 def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
@@ -74,6 +122,7 @@ def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
     d = run / f"step_{step}"
     if step not in steps:
         raise CheckpointError(f"no checkpoint for step {step} in {run}; steps that exist: {', '.join(map(str, steps))}")
+    _formats(d)
     if (d / "checkpoint.pt").is_file():
         return d / "checkpoint.pt", step
     if (d / "config.json").is_file():
@@ -94,10 +143,21 @@ def strip_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+_LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)  # torch.save's pre-1.6 (non-zip) header
+
+
 def read_training_pickle(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    with open(path, "rb") as f:
+        head = f.read(len(_LEGACY_MAGIC))
+    if head == _LEGACY_MAGIC:
+        raise CheckpointError(
+            f"{path} is a legacy (non-zip) torch checkpoint, which cannot be memory-mapped. Convert it once with "
+            f"python -c \"import torch; torch.save(torch.load('{path}', weights_only=True), '{path}.zip.pt')\" "
+            "and evaluate the converted file (rename it checkpoint.pt)"
+        )
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # truncated, not a zip, unpickling refused...
+    except Exception as e:  # truncated, not a zip, unpickling refused (a pickle that would run code)...
         raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt or not a torch checkpoint") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
@@ -123,9 +183,10 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
-    files = sorted(folder.glob("*.safetensors"))
+    pickles, files = _formats(folder)
     if not files:
-        raise CheckpointError(f"{folder} has no .safetensors weights")
+        hint = f" ({pickles[0].name} is a torch pickle: save its state dict with safetensors.torch.save_file as model.safetensors)" if pickles else ""
+        raise CheckpointError(f"{folder} has no .safetensors weights{hint}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -135,11 +196,83 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     return strip_prefixes(sd), cfg
 
 
-def init_config(target: Target, num_layers: int, num_taps: int, mask_token_id: int, block_size: int, target_layer_ids: list[int] | None = None) -> DrafterConfig:
-    """A drafter shaped like the target's layers (Qwen3-style), taps by the public default."""
+def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -> None:
+    """Every tensor the model needs is there, with its shape, finite; every tensor there is consumed."""
+    with torch.device("meta"):
+        own = {k: tuple(v.shape) for k, v in DFlashDrafter(cfg).state_dict().items()}
+    missing = sorted(set(own) - set(sd))
+    unused = sorted(k for k in set(sd) - set(own) if not IGNORED_TENSORS.search(k))
+    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {own[k]}" for k in own if k in sd and tuple(sd[k].shape) != own[k]]
+    if missing or unused or shapes:
+        hint = ""
+        if any(k.startswith("fc.") for k in shapes) and not cfg.target_layer_ids:
+            hint = (f"; the config has no target_layer_ids, so the public rule gives one tap per draft layer ({cfg.num_hidden_layers}): "
+                    "set drafter.target_layer_ids=[...] to the taps the drafter was trained with")
+        if any(k.endswith(".bias") for k in unused):
+            hint += "; bias tensors need attention_bias: true in the config"
+        raise CheckpointError(
+            f"{where}: weights do not fit the drafter its config describes"
+            + (f"; missing {missing[:6]}" if missing else "")
+            + (f"; not consumed by that drafter (refused: it would compute something else) {unused[:8]}" if unused else "")
+            + (f"; shape mismatch {shapes[:4]}" if shapes else "")
+            + hint
+        )
+    bad = [k for k in own if sd[k].is_floating_point() and not bool(torch.isfinite(sd[k]).all())]
+    if bad:
+        raise CheckpointError(f"{where}: non-finite weights (NaN or inf) in {bad[:6]}: the checkpoint is damaged (or training diverged)")
+
+
+# --- phase 1: read and check, no target ------------------------------------------------------------
+
+
+def read_drafter(
+    kind: str,
+    name: str,
+    run_dir: str | None = None,
+    step: int | None = None,
+    path: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    init: dict[str, Any] | None = None,
+) -> DrafterSource:
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if kind == "init":
+        return DrafterSource(kind, name, None, None, None, None, None, init={**(init or {}), "overrides": overrides})
+    if kind == "training":
+        if not run_dir:
+            raise CheckpointError("drafter=training needs drafter.run_dir=/path/to/run (holding step_<N>/ folders)")
+        where, step = resolve_step(run_dir, step)
+    elif kind == "hf":
+        if not path:
+            raise CheckpointError("drafter=hf needs drafter.path=/path/to/folder (config.json + model.safetensors)")
+        where = find_path(path)
+        if not where.is_dir():
+            raise CheckpointError(f"drafter.path={where} is not a folder")
+    else:
+        raise CheckpointError(f"unknown drafter kind {kind!r}; use training, hf or init")
+    sd, raw = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
+    try:
+        cfg, warns = parse_config(raw, overrides)
+    except CheckpointError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    for w in warns:
+        log.warning("drafter: %s", w)
+    check_weights(cfg, sd, str(where))
+    digest_src = where if where.is_file() else next(iter(sorted(where.glob("*.safetensors"))))
+    return DrafterSource(kind, name, step, str(where), sha256_file(digest_src), cfg, sd, warns)
+
+
+# --- phase 2: fit to the target (its config and tokenizer) -----------------------------------------
+
+
+def init_config(target: Any, num_layers: int, num_taps: int | None, mask_token_id: int, block_size: int,
+                target_layer_ids: list[int] | None = None) -> DrafterConfig:
+    """A drafter shaped like the target's layers (Qwen3-style), default rope with the target's θ;
+    taps: `target_layer_ids`, else `num_taps` spread by the public rule, else the public rule
+    itself (one tap per draft layer)."""
     c = target.config
     heads = int(c.num_attention_heads)
     rope = getattr(c, "rope_parameters", None) or {}
+    L = int(c.num_hidden_layers)
     return DrafterConfig(
         hidden_size=int(c.hidden_size),
         num_hidden_layers=num_layers,
@@ -147,24 +280,37 @@ def init_config(target: Target, num_layers: int, num_taps: int, mask_token_id: i
         num_key_value_heads=int(getattr(c, "num_key_value_heads", heads) or heads),
         head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
         intermediate_size=int(c.intermediate_size),
-        num_target_layers=int(c.num_hidden_layers),
-        target_layer_ids=list(target_layer_ids) if target_layer_ids else build_target_layer_ids(int(c.num_hidden_layers), num_taps),
+        num_target_layers=L,
+        target_layer_ids=list(target_layer_ids) if target_layer_ids else build_target_layer_ids(L, num_taps or num_layers),
         mask_token_id=mask_token_id,
         block_size=block_size,
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 1e6) or 1e6)),
+        rope_parameters={"rope_type": "default", "rope_theta": float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4) or 1e4))},
+        max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768) or 32768),
     )
 
 
-def check_against_target(cfg: DrafterConfig, target: Target) -> list[str]:
+def resolve_mask_token(token: str, tokenizer: Any) -> int:
+    """`dflash_config.mask_token` -> its id in the target's tokenizer (one token of its vocabulary)."""
+    tid = tokenizer.get_vocab().get(token)
+    if tid is None:
+        pieces = tokenizer.tokenize(token) if hasattr(tokenizer, "tokenize") else []
+        raise CheckpointError(
+            f"mask_token {token!r} is not a single token of the target's tokenizer (it splits into {pieces[:6]}): this drafter "
+            "was made for a tokenizer that has it. Use the target it was trained for, or set drafter.mask_token_id"
+        )
+    return int(tid)
+
+
+def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
     """Raise CheckpointError on what cannot work; return warnings for what is suspicious."""
     errs = []
     if cfg.hidden_size != target.hidden_size:
         errs.append(f"hidden size {cfg.hidden_size} != the target's {target.hidden_size}: this drafter was trained for another target")
-    bad = [L for L in cfg.target_layer_ids if not 0 <= L < target.num_layers]
+    bad = [L for L in cfg.target_layer_ids or [] if not 0 <= L < target.num_layers]
     if bad:
         errs.append(f"taps {bad} are outside the target's decoder layers 0..{target.num_layers - 1}")
-    if not 0 <= cfg.mask_token_id < target.vocab_size:
+    if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < target.vocab_size:
         errs.append(f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding (vocab {target.vocab_size})")
     if cfg.block_size < 2:
         errs.append(f"block_size {cfg.block_size} must be at least 2")
@@ -181,25 +327,59 @@ def check_against_target(cfg: DrafterConfig, target: Target) -> list[str]:
     return warns
 
 
-def build(cfg: DrafterConfig, sd: dict[str, torch.Tensor] | None, where: str) -> DFlashDrafter:
-    model = DFlashDrafter(cfg)
-    if sd is None:
-        return model
-    own = model.state_dict()
-    missing = sorted(set(own) - set(sd))  # extra keys (e.g. embed/lm_head copies some trainers keep) are ignored
-    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape]
-    if missing or shapes:
+def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> DrafterSource:
+    """Phase 2: resolve what depends on the target, then `check_against_target`; with `max_len`
+    (the longest prompt + completion) also the rope's position limit (drafter_config.rotary_parameters)."""
+    if src.kind == "init":
+        i, o = src.init, src.init.get("overrides", {})
+        mask = o.get("mask_token_id", i.get("mask_token_id"))
+        if mask is None:
+            raise CheckpointError("drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id")
+        cfg = init_config(target, int(i.get("num_layers", 1)), i.get("num_taps"), int(mask), int(o.get("block_size") or 16), o.get("target_layer_ids"))
+    else:
+        cfg, where = dataclasses.replace(src.config), src.path
+        if cfg.mask_token_id is None and cfg.mask_token is not None:
+            try:
+                cfg.mask_token_id = resolve_mask_token(cfg.mask_token, target.tokenizer)
+            except CheckpointError as e:
+                raise CheckpointError(f"{where}: {e}") from None
+        if cfg.mask_token_id is None:
+            raise CheckpointError(
+                f"{where}: drafter config lacks mask_token_id (dflash_config.mask_token_id or dflash_config.mask_token); "
+                "the checkpoint should store it, or set the override drafter.mask_token_id=..."
+            )
+        if cfg.target_layer_ids is None:
+            try:
+                cfg.target_layer_ids = build_target_layer_ids(target.num_layers, cfg.num_hidden_layers)
+            except ValueError as e:
+                raise CheckpointError(f"{where}: {e} (drafter.target_layer_ids=[...])") from None
+        if cfg.num_target_layers is None:
+            cfg.num_target_layers = target.num_layers
+    limit = rotary_parameters(cfg)[2]
+    if max_len is not None and limit is not None and max_len + cfg.block_size - 1 > limit:
         raise CheckpointError(
-            f"{where}: weights do not fit the drafter its config describes"
-            + (f"; missing {missing[:6]}" if missing else "")
-            + (f"; shape mismatch {shapes[:4]}" if shapes else "")
+            f"{src.path or src.name}: sequences of up to {max_len} tokens (+ a block of {cfg.block_size}) pass this drafter's "
+            f"{cfg.rope_parameters['rope_type']} rope limit of {limit} positions, where transformers recomputes the frequencies "
+            "from the loop's history and SGLang differs: not implemented. Use shorter prompts or lower prompts.max_new_tokens"
         )
-    model.load_state_dict({k: sd[k] for k in own}, strict=True)
-    return model
+    return dataclasses.replace(src, config=cfg, warnings=src.warnings + check_against_target(cfg, target))
+
+
+# --- phase 3: the module ---------------------------------------------------------------------------
+
+
+def build_drafter(src: DrafterSource, sliding_window: str = "apply") -> LoadedDrafter:
+    """The fitted drafter as a module (CPU, float32)."""
+    model = DFlashDrafter(src.config, sliding_window)
+    if src.state_dict is None:
+        model.init_weights(int(src.init.get("seed", 0)))
+    else:
+        model.load_state_dict({k: src.state_dict[k] for k in model.state_dict()}, strict=True)
+    return LoadedDrafter(model, src.name, src.step, src.path, src.sha256, src.warnings)
 
 
 def load_drafter(
-    target: Target,
+    target: Any,
     kind: str,
     name: str,
     run_dir: str | None = None,
@@ -207,38 +387,11 @@ def load_drafter(
     path: str | None = None,
     overrides: dict[str, Any] | None = None,
     init: dict[str, Any] | None = None,
+    sliding_window: str = "apply",
 ) -> LoadedDrafter:
-    overrides = dict(overrides or {})
-    if kind == "init":
-        init = init or {}
-        cfg = init_config(
-            target, int(init.get("num_layers", 1)), int(init.get("num_taps", 5)),
-            int(overrides.get("mask_token_id") if overrides.get("mask_token_id") is not None else init["mask_token_id"]),
-            int(overrides.get("block_size") or 16), overrides.get("target_layer_ids"),
-        )
-        warns = check_against_target(cfg, target)
-        return LoadedDrafter(DFlashDrafter(cfg).init_weights(int(init.get("seed", 0))), name, None, None, None, warns)
-    if kind == "training":
-        if not run_dir:
-            raise CheckpointError("drafter=training needs drafter.run_dir=/path/to/run (holding step_<N>/ folders)")
-        where, step = resolve_step(run_dir, step)
-    elif kind == "hf":
-        if not path:
-            raise CheckpointError("drafter=hf needs drafter.path=/path/to/folder (config.json + model.safetensors)")
-        where = find_path(path)
-        if not where.is_dir():
-            raise CheckpointError(f"drafter.path={where} is not a folder")
-    else:
-        raise CheckpointError(f"unknown drafter kind {kind!r}; use training, hf or init")
-    sd, raw_cfg = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
-    try:
-        cfg = DrafterConfig.from_hf(raw_cfg, overrides)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{where}: {e}") from None
-    warns = check_against_target(cfg, target)
-    model = build(cfg, sd, str(where))
-    digest_src = where if where.is_file() else next(iter(sorted(where.glob("*.safetensors"))))
-    return LoadedDrafter(model, name, step, str(where), sha256_file(digest_src), warns)
+    """All three phases at once."""
+    src = read_drafter(kind, name, run_dir=run_dir, step=step, path=path, overrides=overrides, init=init)
+    return build_drafter(fit_drafter(src, target), sliding_window)
 
 
 # --- saving (the trainer writes what the loader reads) ----------------------------------------

@@ -75,9 +75,10 @@ class DrafterSchema:
     block_size: Optional[int] = None
     mask_token_id: Optional[int] = None
     target_layer_ids: Optional[list[int]] = None
+    sliding_window: str = "apply"  # apply: sliding_attention layers as SGLang serves them; ignore: as full attention (z-lab's sdpa loop)
     # kind=init:
     num_layers: int = 1
-    num_taps: int = 5
+    num_taps: Optional[int] = None  # null: the public rule, one tap per draft layer
     seed: int = 0
 
 

@@ -1,4 +1,4 @@
-"""The DFlash drafter: config and model (../shared/DFLASH.md §1).
+"""The DFlash drafter model (../shared/DFLASH.md §1); its config is dflash/drafter_config.py.
 
 A drafter predicts the B-1 masked slots of a block `[anchor, mask, ..., mask]` in one pass.
 It has no embedding and no LM head: block tokens are embedded by the target's `embed_tokens`
@@ -7,101 +7,39 @@ and its final hidden states go through the target's `lm_head` (the caller does b
 Context: the target's tapped hidden states (`target_layer_ids`, concatenated) are fused by
 `fc` + `hidden_norm` into one vector per position, which every draft layer turns into extra
 keys and values with its own k_proj / v_proj / k_norm. Queries come only from block tokens.
+Layers are Qwen3 layers as transformers builds them from the config: q/k/v/o biases with
+`attention_bias`; rotary frequencies and attention scaling from transformers' own rope
+initialisation (`Rotary`: every rope type, yarn's attention factor).
 
 One layout serves inference, the offline replay and training: for S sequences with N blocks
 each, queries are the N*B block slots flattened, keys are `[T context positions] + [N*B block
 slots]`. Block n (anchor at position p_n) sees context positions t < p_n and the slots of its
-own block, bidirectionally; nothing else. `visibility_mask` builds that as a dense boolean
-mask (sdpa, eager) and `flex_block_mask` as a flex_attention BlockMask (CUDA). One block at
-inference is the case N = 1 with T = committed positions.
+own block, bidirectionally; nothing else. A `sliding_attention` layer (config `layer_types` +
+`sliding_window` w) applies SGLang's rule on top: causal, and only keys at positions > q - w
+(the window includes the query itself); `sliding_window="ignore"` treats those layers as full
+attention, as z-lab's transformers loop under sdpa/eager did. `mask_mod` states the rule once:
+`visibility_mask` evaluates it densely (sdpa, eager), `flex_block_mask` as a flex_attention
+BlockMask (CUDA). One block at inference is the case N = 1 with T = committed positions.
 
 Parameter names follow the public HF format, so a public checkpoint loads as it is.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dflash.drafter_config import DrafterConfig, build_target_layer_ids, rotary_parameters
+from dflash.errors import CheckpointError
+
+__all__ = ["DFlashDrafter", "DrafterConfig", "SLIDING_WINDOW", "build_target_layer_ids", "visibility_mask", "flex_block_mask", "mask_mod"]
+
 ATTENTION_BACKENDS = ("sdpa", "eager", "flex")
-
-
-def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """Public default: taps spread evenly over layers 1 .. L-3 (the last layer never tapped)."""
-    if num_taps == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    span = end - start
-    return [int(start + i * span / (num_taps - 1)) for i in range(num_taps)]
-
-
-@dataclass
-class DrafterConfig:
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    num_target_layers: int
-    target_layer_ids: list[int]
-    mask_token_id: int
-    block_size: int = 16
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    extra: dict[str, Any] = field(default_factory=dict)  # unknown config.json keys, kept
-
-    @property
-    def num_taps(self) -> int:
-        return len(self.target_layer_ids)
-
-    def to_hf(self) -> dict[str, Any]:
-        """config.json of the public HF format."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id")}
-        d = {**self.extra, **d}
-        d.update(
-            architectures=["DFlashDraftModel"],
-            model_type="qwen3",
-            dflash_config={"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
-            layer_types=["full_attention"] * self.num_hidden_layers,
-        )
-        return d
-
-    @classmethod
-    def from_hf(cls, d: dict[str, Any], overrides: dict[str, Any] | None = None) -> "DrafterConfig":
-        """Parse a config.json dict; `overrides` fill only what the checkpoint lacks."""
-        overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-        dflash = d.get("dflash_config") or {}
-        flat = {**d, **dflash}
-        if "head_dim" not in flat and "hidden_size" in flat and "num_attention_heads" in flat:
-            flat["head_dim"] = flat["hidden_size"] // flat["num_attention_heads"]
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
-        kwargs = {n: flat[n] if flat.get(n) is not None else overrides[n] for n in fields if flat.get(n) is not None or n in overrides}
-        required = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING]
-        if required:
-            raise ValueError(
-                f"drafter config lacks {sorted(required)}; the checkpoint should store them, or set them "
-                f"as overrides (e.g. drafter.mask_token_id=..., drafter.target_layer_ids=[...])"
-            )
-        for n, v in kwargs.items():  # config.json is user input: a wrong type is named here, not a TypeError deep in the model
-            if flat.get(n) is None:
-                continue  # an override (typed by the config schema)
-            want = fields[n].type
-            ok = (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v) if n == "target_layer_ids"
-                  else isinstance(v, (int, float)) and not isinstance(v, bool) if want == "float"
-                  else isinstance(v, int) and not isinstance(v, bool))
-            if not ok:
-                raise ValueError(f"config.json field {n!r} is {v!r} ({type(v).__name__}); it must be {'a list of integers' if n == 'target_layer_ids' else want}")
-        kwargs["target_layer_ids"] = [int(x) for x in kwargs["target_layer_ids"]]
-        skip = {"dflash_config", "architectures", "model_type", "layer_types", *fields}
-        return cls(**kwargs, extra={k: v for k, v in d.items() if k not in skip})
+SLIDING_WINDOW = ("apply", "ignore")
 
 
 # --- building blocks -------------------------------------------------------------------------
@@ -120,12 +58,34 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(pos: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """pos [..., L] -> cos, sin [..., L, D] (HF's rotate_half convention)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim))
-    ang = pos.float()[..., None] * inv  # [..., L, D/2]
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+class Rotary:
+    """cos/sin of absolute positions from transformers' own rope initialisation for this config
+    (`drafter_config.rotary_parameters`: inv_freq and attention scaling of every rope type), times
+    positions elementwise in float32 as transformers 5.24's Qwen3RotaryEmbedding does. Not a
+    module: moving the drafter to bfloat16 must not round inv_freq."""
+
+    def __init__(self, cfg: DrafterConfig):
+        self.inv_freq, self.scaling, self.limit = rotary_parameters(cfg)
+        self.rope_type = cfg.rope_parameters["rope_type"]
+
+    def _past_limit(self, pos: Tensor) -> bool:
+        if pos.is_cuda and torch.cuda.is_current_stream_capturing():  # a CUDA graph (the online loop) cannot sync
+            return False
+        return bool(pos.numel()) and int(pos.max()) + 1 > self.limit
+
+    def __call__(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """pos [..., L] -> cos, sin [..., L, D] (HF's rotate_half convention)."""
+        if self.limit is not None and self._past_limit(pos):
+            raise CheckpointError(
+                f"position {int(pos.max())} is past this drafter's {self.rope_type} rope limit of {self.limit} positions: there "
+                "transformers recomputes the frequencies from the loop's history and SGLang differs; not implemented. "
+                "Use shorter prompts or fewer prompts.max_new_tokens"
+            )
+        if self.inv_freq.device != pos.device:
+            self.inv_freq = self.inv_freq.to(pos.device)
+        ang = pos[..., None].float() * self.inv_freq  # [..., L, D/2]
+        ang = torch.cat([ang, ang], dim=-1)
+        return (ang.cos() * self.scaling).to(dtype), (ang.sin() * self.scaling).to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -135,37 +95,49 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def visibility_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False) -> Tensor:
-    """anchor_pos [S, N] -> bool [S, N*B, T + N*B]: True where a query slot may attend.
+def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None):
+    """The visibility rule as a flex_attention mask_mod (b, h, q, kv) -> bool; the dense mask
+    calls the same function on broadcast index tensors, so the two cannot disagree.
 
-    Context position t is visible to block n iff t < p_n (t <= p_n with `see_anchor`, the
-    training-time leak of DFLASH.md §4 bug 2); block slots see their own block only.
+    Query q is slot i = q % B of block n = q // B (anchor p_n, position p_n + i). Context key t
+    (position t) is visible iff t < p_n (t <= p_n with `see_anchor`); block key kv is visible iff it
+    is a slot j of the query's own block. With a sliding `window` w (SGLang's sliding_attention
+    layers: causal, window_left = w - 1) a key at position k must also satisfy k <= q_pos and
+    q_pos - k < w: context t > p_n + i - w, and slots j <= i with i - j < w.
     """
+    B, T = block_size, ctx_len
+
+    def mod(b, h, q, kv):
+        n, i = q // B, q % B
+        p = anchor_pos[b, n]
+        j = kv - T - n * B  # the key's slot in the query's own block when 0 <= j < B
+        ctx = (kv < T) & ((kv <= p) if see_anchor else (kv < p))
+        own = (j >= 0) & (j < B)
+        if window is not None:
+            ctx = ctx & (p + i - kv < window)
+            own = own & (j <= i) & (i - j < window)
+        return ctx | own
+
+    return mod
+
+
+def visibility_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None) -> Tensor:
+    """anchor_pos [S, N] -> bool [S, N*B, T + N*B]: True where a query slot may attend (`mask_mod`)."""
     S, N = anchor_pos.shape
-    B = block_size
-    t = torch.arange(ctx_len, device=anchor_pos.device)
-    p = anchor_pos.repeat_interleave(B, dim=1)  # [S, N*B]
-    ctx = (t[None, None, :] <= p[..., None]) if see_anchor else (t[None, None, :] < p[..., None])
-    blk = torch.arange(N * B, device=anchor_pos.device) // B
-    own = blk[:, None] == blk[None, :]  # [N*B, N*B]
-    return torch.cat([ctx, own[None].expand(S, -1, -1)], dim=-1)
+    Q, dev = N * block_size, anchor_pos.device
+    b = torch.arange(S, device=dev)[:, None, None]
+    q = torch.arange(Q, device=dev)[None, :, None]
+    kv = torch.arange(ctx_len + Q, device=dev)[None, None, :]
+    return mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window)(b, None, q, kv).expand(S, Q, ctx_len + Q)
 
 
-def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False):
+def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None):
     """The same visibility as `visibility_mask`, as a flex_attention BlockMask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     S, N = anchor_pos.shape
-    B, T = block_size, ctx_len
-
-    def mask_mod(b, h, q, kv):
-        p = anchor_pos[b, q // B]
-        in_ctx = kv < T
-        ctx_ok = (kv <= p) if see_anchor else (kv < p)
-        own = (kv - T) // B == q // B
-        return (in_ctx & ctx_ok) | (~in_ctx & own)
-
-    return create_block_mask(mask_mod, S, None, N * B, T + N * B, device=anchor_pos.device)
+    Q = N * block_size
+    return create_block_mask(mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window), S, None, Q, ctx_len + Q, device=anchor_pos.device)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask, backend: str) -> Tensor:
@@ -196,12 +168,12 @@ def _compiled_flex():
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
-        H, D = cfg.hidden_size, cfg.head_dim
+        H, D, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, D
-        self.q_proj = nn.Linear(H, self.nh * D, bias=False)
-        self.k_proj = nn.Linear(H, self.nkv * D, bias=False)
-        self.v_proj = nn.Linear(H, self.nkv * D, bias=False)
-        self.o_proj = nn.Linear(self.nh * D, H, bias=False)
+        self.q_proj = nn.Linear(H, self.nh * D, bias=bias)
+        self.k_proj = nn.Linear(H, self.nkv * D, bias=bias)
+        self.v_proj = nn.Linear(H, self.nkv * D, bias=bias)
+        self.o_proj = nn.Linear(self.nh * D, H, bias=bias)
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
@@ -248,14 +220,26 @@ class DecoderLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, sliding_window: str = "apply"):
         super().__init__()
+        if sliding_window not in SLIDING_WINDOW:
+            raise ValueError(f"sliding_window={sliding_window!r}: use one of {SLIDING_WINDOW}")
         self.cfg = cfg
+        self.sliding_window = sliding_window
         H = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_taps * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        apply = sliding_window == "apply"
+        self.windows = [cfg.sliding_window if apply and t == "sliding_attention" else None for t in cfg.layer_types]
+        self._rotary: Rotary | None = None  # built on first use (not on the meta device a shape check uses)
+
+    @property
+    def rotary(self) -> Rotary:
+        if self._rotary is None:
+            self._rotary = Rotary(self.cfg)
+        return self._rotary
 
     def init_weights(self, seed: int, std: float = 0.02) -> "DFlashDrafter":
         """Deterministic random weights (smoke runs, training start)."""
@@ -282,12 +266,9 @@ class DFlashDrafter(nn.Module):
         x = block_emb.reshape(S, N * B, H)
         pos_blk = (anchor_pos[..., None] + torch.arange(B, device=anchor_pos.device)).reshape(S, N * B)
         pos_ctx = torch.arange(T, device=taps.device).expand(S, T)
-        rope_blk = rope_cos_sin(pos_blk, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        rope_ctx = rope_cos_sin(pos_ctx, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        if backend == "flex":
-            mask = flex_block_mask(anchor_pos, T, B, see_anchor)
-        else:
-            mask = visibility_mask(anchor_pos, T, B, see_anchor)
-        for layer in self.layers:
-            x = layer(x, ctx, rope_blk, rope_ctx, mask, backend)
+        rope_blk, rope_ctx = self.rotary(pos_blk, x.dtype), self.rotary(pos_ctx, x.dtype)
+        build = flex_block_mask if backend == "flex" else visibility_mask
+        masks = {w: build(anchor_pos, T, B, see_anchor, w) for w in set(self.windows)}  # one per window: full, sliding
+        for layer, w in zip(self.layers, self.windows):
+            x = layer(x, ctx, rope_blk, rope_ctx, masks[w], backend)
         return self.norm(x).view(S, N, B, H)

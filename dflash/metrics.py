@@ -4,6 +4,9 @@ Conventions (named here; dflash/tracking.py logs them under these names):
 - `acceptance_length` τ: committed tokens per verify step, bonus included (plain decoding = 1);
   token-weighted over all steps. `acceptance_length_macro`: mean of per-prompt τ (what DFlash's
   benchmark prints). `mean_accepted` = τ - 1 is gpt-fast's "mean accepted" (bonus excluded).
+  The last step of a prompt commits at most what is left of the reference (capped); the other side,
+  `acceptance_length_uncapped` (and `_macro_uncapped`), counts every step in full (accepted + 1,
+  the bonus past the reference end included), as z-lab's original benchmark loop does (README).
 - Per draft slot k = 1..B-1 (`position_curves`, one list per kind, index k-1):
   `accept_rate`: cumulative, accepted_at_pos[k] / steps (vLLM's);
   `accept_rate_cond`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B);
@@ -37,6 +40,7 @@ class Counters:
     drafted: int = 0  # drafted tokens (B-1 per step)
     accepted: int = 0  # drafted tokens accepted
     committed: int = 0  # tokens committed by verify steps (accepted + bonus, capped at the reference end)
+    committed_uncapped: int = 0  # the same with every step counted in full (accepted + 1): z-lab's original convention
     new_tokens: int = 0  # all generated tokens: committed + the first one from prefill
     prompts: int = 0
     wall_s: float = 0.0
@@ -173,6 +177,9 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
+    if total.committed_uncapped:  # the replay's (the online loop does not count it)
+        m["acceptance_length_uncapped"] = _div(total.committed_uncapped, total.steps)
+        m["acceptance_length_macro_uncapped"] = _div(sum(_div(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
     if scored(total):
         m["nll_mean"] = _div(sum(total.tf_nll), sum(total.tf_total))
         m["nll_mean_se"] = ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt])

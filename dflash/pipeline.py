@@ -16,9 +16,10 @@ from typing import Any, Iterator
 
 import torch
 
-from dflash.checkpoint import LoadedDrafter, load_drafter
+from dflash.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.config import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig
-from dflash.drafter import ATTENTION_BACKENDS
+from dflash.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
+from dflash.drafter_config import effective_config
 from dflash.errors import ConfigError, PromptError
 from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
 from dflash.progress import Progress, log
@@ -59,6 +60,7 @@ class RunInfo:
     stop_ids: list[int]
     prompt_ids: list[str]  # the selected prompts, in order
     references: ReferenceStats
+    drafter_config: dict[str, Any] = field(default_factory=dict)  # drafter_config.effective_config: what was evaluated
 
 
 @dataclass
@@ -123,23 +125,28 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
             )
 
 
-def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float]) -> tuple[Target, LoadedDrafter]:
-    """The target's weights (after `inspect_target`), then the drafter fitted to it."""
+def read_drafter_conf(cfg: EvalConfig) -> DrafterSource:
+    """The drafter read and checked without the target (dflash.checkpoint's phase 1)."""
+    d, t = cfg.drafter, cfg.target
+    if d.sliding_window not in SLIDING_WINDOW:
+        raise ConfigError(f"drafter.sliding_window={d.sliding_window!r}: use one of {SLIDING_WINDOW}")
+    overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
+    if d.kind == "init":  # shape the random drafter by the target config's defaults
+        overrides["mask_token_id"] = d.mask_token_id if d.mask_token_id is not None else t.mask_token_id
+        overrides["target_layer_ids"] = d.target_layer_ids or t.default_taps
+    return read_drafter(d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=d.step, path=d.path, overrides=overrides,
+                        init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed})
+
+
+def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], src: DrafterSource | None = None) -> tuple[Target, LoadedDrafter]:
+    """The target's weights (after `inspect_target`), then the drafter (`src`: read and fitted to
+    `info` already, else here) built beside the target's last layers."""
     device, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
-    t, d = cfg.target, cfg.drafter
+    src = src or fit_drafter(read_drafter_conf(cfg), info)
     with timed(timings, "load_target"):
         target = load_target(info, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir, device_map=cfg.device.device_map)
     with timed(timings, "load_drafter"):
-        overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
-        if d.kind == "init":  # shape the random drafter by the target config's defaults
-            overrides["mask_token_id"] = d.mask_token_id if d.mask_token_id is not None else t.mask_token_id
-            overrides["target_layer_ids"] = d.target_layer_ids or t.default_taps
-            if overrides["mask_token_id"] is None:
-                raise ConfigError("drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id")
-        drafter = load_drafter(
-            target, d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=d.step, path=d.path, overrides=overrides,
-            init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed, "mask_token_id": overrides["mask_token_id"]},
-        )
+        drafter = build_drafter(src, cfg.drafter.sliding_window)
         drafter.model.to(device=target.head_device, dtype=target.dtype).eval().requires_grad_(False)  # beside the last layers
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     return target, drafter
@@ -200,12 +207,15 @@ def run(cfg: EvalConfig) -> EvalResult:
     pc, rc, tmpl = cfg.prompts, cfg.references, vars(cfg.target.template)
     # cheap checks first: everything that needs no target weights
     with timed(timings, "prepare"):
+        src = read_drafter_conf(cfg)  # config and weights checked: no target needed
         t = cfg.target
         info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
         prompts, ids = load_prompt_ids(cfg, info)
+        src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target
         names = [p.id for p in prompts]
         ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, names, **vars(rc))
-    target, drafter = load_models(cfg, info, timings)
+    target, drafter = load_models(cfg, info, timings, src)
+    del src  # its weights are the module's now
     with timed(timings, "references"):
         refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, **vars(rc))
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
@@ -228,6 +238,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         checkpoint_sha256=drafter.sha256, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""), target_identity=target.identity,
         target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
         stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
+        drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]

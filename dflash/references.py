@@ -331,7 +331,7 @@ def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: 
         src, meta = f"local:{_dtype_name(dtype)}", {"source": "local", "dtype": _dtype_name(dtype)}
     else:
         server = server if server is not None and server.kind == o.source else Server.open(o.source, o.url, o.model, o)
-        request = server.request_params(max_new_tokens)
+        request = server.request_params(max_new_tokens, target.eos_ids)
         src = json.dumps({"source": o.source, "server": server.reported, "request": request}, sort_keys=True)
         meta = {"source": o.source, "server": server.reported, "request": request, "url": server.client.url}
     meta.update(target=target.identity, max_new_tokens=max_new_tokens)

@@ -108,6 +108,7 @@ def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_
         c.drafted += block_size - 1
         c.accepted += a
         c.committed += commit
+        c.committed_uncapped += a + 1
         c.new_tokens += commit
         for k in range(a):
             c.accepted_at_pos[k] += 1

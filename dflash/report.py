@@ -25,6 +25,8 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         f"acceptance length τ (bonus included, token-weighted): {fmt(g('acceptance_length'))} ± {fmt(g('acceptance_length_se'))} (SE over prompts)   "
         f"macro (per-prompt mean): {fmt(g('acceptance_length_macro'))}   expected from accuracy: {fmt(g('expected_acceptance_length'))}",
     ]
+    if info.drafter_config:
+        lines.append("drafter config: " + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items()) + f"; stop ids {info.stop_ids}")
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
     if subsets:
         lines.append("τ per subset: " + "   ".join(f"{s} {fmt(m[f'acceptance_length/{s}'])}" for s in subsets))

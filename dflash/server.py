@@ -76,7 +76,7 @@ class Client:
         self.url, self.policy = url.rstrip("/"), policy
         self._conn = (http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection, u.hostname, u.port)
         self._prefix = u.path.rstrip("/")
-        self._live: set[http.client.HTTPConnection] = set()
+        self._live: dict[http.client.HTTPConnection, socket.socket | None] = {}  # calls in flight and their sockets
         self._lock = threading.Lock()
         self._closed = False
 
@@ -90,9 +90,9 @@ class Client:
         """Abort every call in flight; later calls fail at once."""
         with self._lock:
             self._closed = True
-            live = list(self._live)
-        for conn in live:
-            _shutdown(conn)
+            live = list(self._live.items())
+        for conn, sock in live:
+            _shutdown(sock or conn.sock)
 
     def call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
         p, where = self.policy, f"{method} {self.url}{path}"
@@ -132,12 +132,14 @@ class Client:
         with self._lock:
             if self._closed:
                 raise _Fatal("aborted")
-            self._live.add(conn)
+            self._live[conn] = None
         try:
             try:
                 conn.connect()
             except TimeoutError:
                 raise _Retry(f"no connection within references.connect_timeout_s={p.connect_timeout_s:g} s") from None
+            with self._lock:
+                self._live[conn] = conn.sock  # kept: http.client lets go of conn.sock once an answer will close the connection
             conn.sock.settimeout(max(1e-3, min(p.read_timeout_s, end - time.monotonic())))
             body = json.dumps(payload).encode() if payload is not None else None
             conn.request(method, self._prefix + path, body=body, headers={"Content-Type": "application/json", "Accept": "application/json"})
@@ -151,7 +153,7 @@ class Client:
             raise _Retry(f"{type(e).__name__}: {e}") from None
         finally:
             with self._lock:
-                self._live.discard(conn)
+                self._live.pop(conn, None)
             conn.close()
 
 
@@ -194,8 +196,7 @@ class _Reads(io.RawIOBase):
             raise
 
 
-def _shutdown(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
+def _shutdown(sock: socket.socket | None) -> None:
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read in another thread
@@ -234,8 +235,9 @@ class Server:
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def request_params(self, max_new_tokens: int) -> dict[str, Any]:
-        """The request without the prompt: part of the cache key."""
+    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+        """The request without the prompt: part of the cache key. It asks the server to stop at the
+        target's stop ids, where local greedy decoding stops (a server's own stop list may differ)."""
         raise NotImplementedError
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
@@ -272,11 +274,11 @@ class SGLang(Server):
             raise ReferenceError(f"the SGLang server at {self.client.url} serves {info['model_path']} as an embedding model, not a generator")
         return {k: info.get(k) for k in ("model_path", "tokenizer_path", "weight_version")}
 
-    def request_params(self, max_new_tokens: int) -> dict[str, Any]:
-        return {"path": "/generate", "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+        return {"path": "/generate", "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "stop_token_ids": list(eos_ids)}}
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
-        r = self.client.post("/generate", {"input_ids": ids, "sampling_params": self.request_params(max_new_tokens)["sampling_params"]})
+        r = self.client.post("/generate", {"input_ids": ids, "sampling_params": self.request_params(max_new_tokens, eos_ids)["sampling_params"]})
         r = r[0] if isinstance(r, list) and r else r
         out = _field(r, "output_ids")
         if not isinstance(out, list):
@@ -313,11 +315,11 @@ class OpenAI(Server):
         card = served[self.model]
         return {"model": self.model, "root": _field(card, "root"), "owned_by": _field(card, "owned_by")}
 
-    def request_params(self, max_new_tokens: int) -> dict[str, Any]:
-        return {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": 0.0}
+    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+        return {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": list(eos_ids)}
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
-        payload = {**self.request_params(max_new_tokens), "prompt": ids}
+        payload = {**self.request_params(max_new_tokens, eos_ids), "prompt": ids}
         payload.pop("path")
         try:
             r = self.client.post("/v1/completions", {**payload, "return_token_ids": True} if self.token_ids else payload)

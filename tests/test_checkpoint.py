@@ -152,12 +152,13 @@ def test_hf_format_step_folder_in_a_run(qwen3_target, drafter, make_drafter, tmp
     _assert_same_weights(drafter, got.model)
 
 
-def test_extra_keys_in_a_state_dict_are_ignored(qwen3_target, drafter, tmp_path):
+def test_extra_keys_in_a_state_dict_are_refused(qwen3_target, drafter, tmp_path):
     sd = dict(drafter.state_dict())
-    sd["embed_tokens.weight"] = torch.zeros(256, 64)  # some trainers keep a copy of the target's
+    sd["embed_tokens.weight"] = torch.zeros(256, 64)  # some trainers keep a copy of the target's: its values may differ
     run = tmp_path / "run"
     _write_pickle(run, 1, drafter, sd=sd)
-    _assert_same_weights(drafter, load_drafter(qwen3_target, "training", "r", run_dir=str(run)).model)
+    with pytest.raises(CheckpointError, match=r"not consumed .*\['embed_tokens.weight'\]"):
+        load_drafter(qwen3_target, "training", "r", run_dir=str(run))
 
 
 def test_init_kind_is_deterministic(qwen3_target):
@@ -168,6 +169,8 @@ def test_init_kind_is_deterministic(qwen3_target):
     _assert_same_weights(a.model, b.model)
     c = load_drafter(qwen3_target, "init", "init", init=init, overrides={"target_layer_ids": [0, 4], "block_size": 8})
     assert c.model.cfg.target_layer_ids == [0, 4] and c.model.cfg.block_size == 8
+    d = load_drafter(qwen3_target, "init", "init", init={"num_layers": 2, "seed": 4, "mask_token_id": MASK_ID})
+    assert d.model.cfg.target_layer_ids == [1, 3]  # no num_taps: the public rule, one tap per draft layer
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -242,8 +245,8 @@ def test_weights_that_do_not_fit_their_config(qwen3_target, drafter, tmp_path):
     "change, message",
     [
         ({"mask_token_id": 256}, "mask_token_id 256 is not a row of the target's embedding"),
-        ({"mask_token_id": -1}, "mask_token_id -1"),
-        ({"target_layer_ids": [1, 6]}, r"taps \[6\] are outside the target's decoder layers 0..5"),
+        ({"mask_token_id": -1}, "mask_token_id.{1,2}-1"),
+        ({"target_layer_ids": [1, 2, 6]}, r"taps \[6\] are outside the target's decoder layers 0..5"),
         ({"block_size": 1}, "block_size 1"),
     ],
 )

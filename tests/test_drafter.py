@@ -17,15 +17,20 @@ from conftest import MASK_ID
 B = 4  # block size of the tiny drafters
 
 
-# --- tap defaults ----------------------------------------------------------------------------
+# --- tap defaults: the public rule (DFLASH.md §1), by hand ----------------------------------------
 
 
 @pytest.mark.parametrize(
-    "layers, taps, expected",
-    [(64, 5, [1, 16, 31, 46, 61]), (36, 5, [1, 9, 17, 25, 33])],
+    "layers, n, expected",
+    [
+        (30, 1, [15]), (30, 2, [1, 27]), (30, 3, [1, 14, 27]), (30, 4, [1, 10, 18, 27]), (30, 5, [1, 8, 14, 20, 27]),
+        (30, 6, [1, 6, 11, 17, 22, 27]), (30, 7, [1, 5, 10, 14, 18, 23, 27]), (30, 8, [1, 5, 8, 12, 16, 20, 23, 27]),
+        (64, 5, [1, 16, 31, 46, 61]), (36, 5, [1, 9, 17, 25, 33]),
+    ],
 )
-def test_build_target_layer_ids_public_default(layers, taps, expected):
-    assert build_target_layer_ids(layers, taps) == expected
+def test_build_target_layer_ids_public_rule(layers, n, expected):
+    # 1 + i*(L-4)/(n-1) rounded half to even: 30 layers, 5 -> 1, 7.5->8, 14, 20.5->20, 27 (int() gives 7)
+    assert build_target_layer_ids(layers, n) == expected
 
 
 @pytest.mark.parametrize("layers", [6, 28, 30, 36, 64])
@@ -144,6 +149,35 @@ def test_see_anchor_makes_the_anchor_position_visible(sensitive):
     assert _same(_run(sensitive, after, emb, anchor, see_anchor=True), leak_ref)
 
 
+def test_sliding_window_mask_by_hand():
+    """Window 4, anchor at 20, context 20, B = 4: slot i (position 20 + i) sees context 17 + i .. 19
+    and slots 0..i (SGLang: causal, window includes the query); without a window, context < 20 and
+    the whole block."""
+    from dflash.drafter import visibility_mask
+
+    anchor = torch.tensor([[20]])
+    m = visibility_mask(anchor, 20, 4, window=4)[0]  # [4, 24]
+    for i in range(4):
+        ctx = [t for t in range(20) if bool(m[i, t])]
+        blk = [j for j in range(4) if bool(m[i, 20 + j])]
+        assert ctx == list(range(17 + i, 20)) and blk == list(range(i + 1)), (i, ctx, blk)
+    assert visibility_mask(anchor, 20, 4)[0].all()
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("see_anchor", [False, True])
+def test_dense_mask_and_flex_mask_mod_agree(window, see_anchor):
+    """`visibility_mask` and the mask_mod `flex_block_mask` hands to flex_attention, evaluated by
+    flex's own create_mask (vmap over the mask_mod) on CPU: identical."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from dflash.drafter import mask_mod, visibility_mask
+
+    anchor = torch.tensor([[3, 9, 12], [5, 6, 14]])
+    flex = create_mask(mask_mod(anchor, 16, B, see_anchor, window), 2, 1, 3 * B, 16 + 3 * B, device="cpu")[:, 0]
+    assert torch.equal(flex, visibility_mask(anchor, 16, B, see_anchor, window))
+
+
 # --- backends --------------------------------------------------------------------------------
 
 
@@ -224,15 +258,20 @@ def _cfg(**kw) -> DrafterConfig:
 
 
 def test_to_hf_from_hf_round_trip():
-    cfg = _cfg(rms_norm_eps=1e-5, rope_theta=10000.0, extra={"torch_dtype": "bfloat16", "vocab_size": 256})
+    cfg = _cfg(rms_norm_eps=1e-5, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128},
+               attention_bias=True, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+               extra={"torch_dtype": "bfloat16", "vocab_size": 256})
     d = json.loads(json.dumps(cfg.to_hf()))  # through JSON, as config.json
     assert d["architectures"] == ["DFlashDraftModel"] and d["model_type"] == "qwen3"
     assert d["dflash_config"] == {"mask_token_id": MASK_ID, "target_layer_ids": [1, 2, 3]}
-    assert d["layer_types"] == ["full_attention"] * 2
+    assert d["layer_types"] == ["sliding_attention", "full_attention"] and d["use_sliding_window"] is True
     assert d["block_size"] == B and d["num_target_layers"] == 6
     assert "mask_token_id" not in d and "target_layer_ids" not in d  # only under dflash_config
-    back = DrafterConfig.from_hf(d)
-    assert back == cfg
+    assert DrafterConfig.from_hf(d) == cfg
+    from transformers import Qwen3Config  # transformers reads it as the same Qwen3 architecture
+
+    hf = Qwen3Config.from_dict(d)
+    assert (hf.rope_parameters["rope_type"], hf.sliding_window, hf.attention_bias, hf.layer_types) == ("yarn", 8, True, d["layer_types"])
 
 
 def test_from_hf_reads_a_public_style_config():
@@ -259,37 +298,36 @@ def test_from_hf_reads_a_public_style_config():
     assert cfg.target_layer_ids == [1, 9, 17, 25, 33] and cfg.num_taps == 5
     assert cfg.block_size == 16 and cfg.num_target_layers == 36
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim) == (4096, 1, 128)
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1000000.0}
     assert cfg.extra == {"torch_dtype": "bfloat16", "vocab_size": 151936}
     # written back, it is still the public format
     again = cfg.to_hf()
     assert again["dflash_config"] == public["dflash_config"] and again["architectures"] == ["DFlashDraftModel"]
 
 
-def test_from_hf_derives_head_dim():
-    d = _cfg().to_hf()
-    del d["head_dim"]
-    assert DrafterConfig.from_hf(d).head_dim == 64 // 4
+def test_from_hf_defaults_are_transformers_defaults():
+    """Absent keys read as transformers' Qwen3Config reads them: head_dim 128, rope θ 10000."""
+    d = _cfg(head_dim=128).to_hf()
+    for k in ("head_dim", "rope_parameters"):
+        del d[k]
+    cfg = DrafterConfig.from_hf(d)
+    assert cfg.head_dim == 128 and cfg.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
 
 
 @pytest.mark.parametrize("missing", ["mask_token_id", "target_layer_ids"])
-def test_from_hf_missing_dflash_fields(missing):
+def test_from_hf_leaves_target_dependent_fields_to_the_fit(missing):
     d = _cfg().to_hf()
     del d["dflash_config"][missing]
-    with pytest.raises(ValueError, match=missing) as e:
-        DrafterConfig.from_hf(d)
-    assert "override" in str(e.value)  # tells how to fix it
-    with pytest.raises(ValueError, match=missing):
-        DrafterConfig.from_hf(d, overrides={missing: None})  # a null override fills nothing
+    assert getattr(DrafterConfig.from_hf(d), missing) is None  # resolved against the target (dflash.checkpoint.fit_drafter)
     value = 7 if missing == "mask_token_id" else [0, 4]
     assert getattr(DrafterConfig.from_hf(d, overrides={missing: value}), missing) == value
+    assert getattr(DrafterConfig.from_hf(d, overrides={missing: None}), missing) is None  # a null override fills nothing
 
 
-def test_from_hf_without_dflash_config_needs_both_overrides():
+def test_from_hf_without_dflash_config():
     d = _cfg().to_hf()
     del d["dflash_config"]
-    with pytest.raises(ValueError, match="mask_token_id"):
-        DrafterConfig.from_hf(d, overrides={"target_layer_ids": [1]})
-    cfg = DrafterConfig.from_hf(d, overrides={"target_layer_ids": ["1", 3], "mask_token_id": 9})
+    cfg = DrafterConfig.from_hf(d, overrides={"target_layer_ids": [1, 3], "mask_token_id": 9})
     assert cfg.target_layer_ids == [1, 3] and cfg.mask_token_id == 9
 
 

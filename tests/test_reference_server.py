@@ -71,6 +71,13 @@ def serve(fake: Fake):
             if out == "silent":  # nothing for 2 s, then the connection closes
                 time.sleep(2)
                 return
+            if out == "stall_body":  # headers of an HTTP/1.0 answer (the connection will close), then nothing for 10 s
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.flush()
+                time.sleep(10)
+                return
             if out == "trickle":  # headers, then a byte now and then: every read succeeds, the answer never ends
                 self.send_response(200)
                 self.send_header("Content-Length", "1000")
@@ -125,7 +132,7 @@ def test_sglang_references_checked_cached_and_keyed_by_the_served_model(qwen3_ta
     refs, st = refs_of(qwen3_target, tmp_path, fake)
     assert refs == [honest(p, 6) for p in PROMPTS] and (st.hits, st.generated) == (0, 3)
     assert st.server["model_path"] == "org/model-a"
-    assert fake.posts[0] == {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0.0, "max_new_tokens": 6}}
+    assert fake.posts[0] == {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "stop_token_ids": [2]}}  # stops where local greedy stops
     again, st = refs_of(qwen3_target, tmp_path, fake)
     assert again == refs and st.hits == 3 and len(fake.posts) == 3  # cached: not asked again
     fake.model = "org/model-b"  # the server now serves another model: other references
@@ -250,7 +257,7 @@ def test_pipeline_checks_the_server_before_loading_the_target(qwen3_dir, tmp_pat
     from dflash.config import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
 
     monkeypatch.setattr(pipeline, "load_models", lambda *a, **k: pytest.fail("the target's weights were loaded"))
-    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir)), drafter=DrafterSchema(kind="init"),
+    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250), drafter=DrafterSchema(kind="init"),
                      prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
                      references=ReferencesConfig(source="openai", url=fake.url, model=None), cache_dir=str(tmp_path))
     with pytest.raises(ReferenceError, match=r"references=openai needs references.model: .* serves \['other', 'tiny'\]"):
@@ -276,3 +283,17 @@ def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake
     fake.fault = lambda kind, body: (200, "application/json", json.dumps(text).encode())
     refs, st = get_references(qwen3_target, PROMPTS[:1], 6, {}, tmp_path, source="openai", url=fake.url, model="tiny", **FAST)
     assert refs == [[40, 41, EOS]] and st.retokenized == 1 and "tokenizer differs" in st.warnings[0]
+
+
+def test_abort_wakes_a_call_blocked_after_the_headers(fake):
+    """http.client drops conn.sock once an answer will close the connection: close() must still reach the socket."""
+    from dflash.server import CallPolicy, Client
+
+    fake.fault = lambda kind, body: "stall_body"
+    client, got = Client(fake.url, CallPolicy(read_timeout_s=20, deadline_s=30, retries=0)), []
+    th = threading.Thread(target=lambda: got.append(pytest.raises(ReferenceError, client.post, "/generate", {"input_ids": [5]})))
+    th.start()
+    time.sleep(0.5)
+    client.close()
+    th.join(timeout=5)
+    assert not th.is_alive() and "aborted" in str(got[0].value)  # not the 20 s read timeout

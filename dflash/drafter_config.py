@@ -1,0 +1,380 @@
+"""A drafter's config.json read the way the field's implementations read it, or refused.
+
+Public drafter configs are Qwen3 configs as transformers writes them (DFLASH.md §5), plus DFlash's
+own fields. `parse_config(raw)` builds a transformers `Qwen3Config` from the architecture keys,
+exactly as `from_pretrained` would (legacy `rope_theta` + `rope_scaling` and transformers 5's
+`rope_parameters` alike; `use_sliding_window` / `max_window_layers` / `layer_types` as its
+`__post_init__` resolves them; its defaults where a key is absent: rope θ 10000, head_dim 128),
+and takes every architectural value from that object. DFlash's fields follow SGLang's parser:
+
+- `block_size`, `target_layer_ids`, `mask_token_id`, `num_target_layers` (and `mask_token`) come
+  from `dflash_config` first, then the top level; when both exist and differ, a warning names both
+  and the one used. Overrides (`drafter.block_size`, ...) fill only what the checkpoint lacks.
+- No `target_layer_ids`: the public rule, one tap per draft layer (`build_target_layer_ids`),
+  resolved against the target in phase 2 (dflash.checkpoint). No `mask_token_id`: `mask_token`
+  is looked up in the target's tokenizer, also in phase 2.
+
+Refusals (a `CheckpointError` naming the key and what to do; the run stops before the target
+loads). Every top-level and `dflash_config` key falls in exactly one class:
+
+- UNDERSTOOD: read, type-checked and implemented (the tables below).
+- HARMLESS: known to change nothing the drafter computes (what `Qwen3Config.save_pretrained`
+  writes besides the architecture, and Hugging Face metadata): kept in `extra`, written back.
+- EXTENSIONS: keys some implementation reads that this one does not implement (z-lab's DFlash2
+  convolutions and candidate selector, SGLang's projector, logit multipliers and soft-capping,
+  attention sinks, value scaling, the drafter's own embedding, quantization, z-lab's `is_causal`
+  and `input_embedding_scale`, `mlp_bias`, interleaved rotary): accepted only at the value that
+  means "off" (listed per key), refused otherwise.
+- Anything else is unknown: accepted when its value is null, false or empty (it cannot switch
+  anything on), refused otherwise.
+
+Also refused: `hidden_act` other than silu; `partial_rotary_factor` other than 1 (transformers'
+Qwen3 rotates the whole head for the default rope type and fails for the scaled ones, and
+SGLang's DFlash drafter rotates the whole head: neither computes what such a drafter was trained
+with); rope types other than default, linear, dynamic, yarn, longrope, llama3, and per-layer rope
+parameters; `sliding_attention` layers without a window (transformers drops `sliding_window`
+unless `use_sliding_window` is true; SGLang refuses that config). Every field's type is checked
+with a message naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dflash.errors import CheckpointError
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+DFLASH_FIELDS = ("block_size", "target_layer_ids", "mask_token_id", "num_target_layers", "mask_token")
+# Qwen3 architecture keys handed to transformers' Qwen3Config (then read back from it)
+ARCH_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+    "rms_norm_eps", "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias",
+    "layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "hidden_act", "partial_rotary_factor",
+)
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+UNDERSTOOD = {*ARCH_KEYS, *DFLASH_FIELDS, "dflash_config", "architectures", "model_type"}
+HARMLESS = {
+    "vocab_size", "tie_word_embeddings", "dtype", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
+    "attention_dropout", "pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
+    "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder",
+    "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "task_specific_params", "tokenizer_class",
+    "prefix", "_name_or_path", "auto_map", "_attn_implementation_autoset",
+}
+# key -> (values meaning "off", what it would change)
+EXTENSIONS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "projector_type": ((None,), "SGLang's context projector other than fc + hidden_norm"),
+    "conv_kernel_size": ((None, 0), "DFlash2's dynamic causal convolutions"),
+    "conv_group_size": ((None, 0), "DFlash2's dynamic causal convolutions"),
+    "selector_rank": ((None, 0), "DFlash2's candidate selector"),
+    "selector_top_k": ((None, 0), "DFlash2's candidate selector"),
+    "output_multiplier": ((None, 1), "a multiplier on the draft logits"),
+    "final_logit_softcapping": ((None, 0), "soft-capped draft logits"),
+    "attention_sink_bias": ((None, False), "attention sinks"),
+    "attention_sinks": ((None, False), "attention sinks"),
+    "attention_value_scale": ((None, 1), "scaled attention values"),
+    "has_embed_tokens": ((None, False), "a token embedding of the drafter's own"),
+    "quantization_config": ((None,), "quantized weights"),
+    "input_embedding_scale": ((None, 1), "scaled block embeddings (z-lab)"),
+    "is_causal": ((None,), "causal attention chosen per config (z-lab) instead of per layer type (SGLang)"),
+    "mlp_bias": ((None, False), "MLP biases (transformers' Qwen3MLP and SGLang's DFlash MLP have none)"),
+    "rope_is_neox_style": ((None, True), "interleaved (GPT-J style) rotary"),
+    "is_neox_style": ((None, True), "interleaved (GPT-J style) rotary"),
+}
+ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings",
+             "attention_factor", "beta_fast", "beta_slow", "short_factor", "long_factor", "low_freq_factor", "high_freq_factor",
+             "mscale", "mscale_all_dim", "truncate"}
+
+
+def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """The public rule (z-lab, SGLang; DFLASH.md §1): `num_taps` = the number of draft layers,
+    spread with Python's round() over layers 1 .. L-3; one tap is [L // 2]."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    if num_target_layers < 4:
+        raise ValueError(f"the public tap rule needs a target of at least 4 layers, this one has {num_target_layers}; set the taps explicitly")
+    span = num_target_layers - 4  # layers 1 .. L-3
+    return [round(1 + i * span / (num_taps - 1)) for i in range(num_taps)]
+
+
+@dataclass
+class DrafterConfig:
+    """The effective drafter config: every value the computation reads. `target_layer_ids`,
+    `mask_token_id` and `num_target_layers` may stay None until fitted to a target."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_target_layers: int | None
+    target_layer_ids: list[int] | None
+    mask_token_id: int | None
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_parameters: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    layer_types: list[str] = field(default_factory=list)  # per draft layer; empty: all full_attention
+    sliding_window: int | None = None  # keys a sliding_attention query sees, itself included (HF's convention)
+    mask_token: str | None = None  # resolved through the target's tokenizer when mask_token_id is absent
+    extra: dict[str, Any] = field(default_factory=dict)  # harmless config.json keys, written back
+
+    def __post_init__(self):
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+
+    @property
+    def num_taps(self) -> int:  # without target_layer_ids: the public rule's count, one per draft layer
+        return len(self.target_layer_ids) if self.target_layer_ids else self.num_hidden_layers
+
+    def to_hf(self) -> dict[str, Any]:
+        """config.json of the public HF format (a Qwen3 config as transformers 5 writes it, plus DFlash's fields)."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id", "mask_token")}
+        dflash = {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
+        if self.target_layer_ids:
+            dflash["target_layer_ids"] = list(self.target_layer_ids)
+        sliding = "sliding_attention" in self.layer_types
+        return {**self.extra, **d, "use_sliding_window": sliding, "hidden_act": "silu", "architectures": ["DFlashDraftModel"],
+                "model_type": "qwen3", "dflash_config": dflash}
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any], overrides: dict[str, Any] | None = None) -> "DrafterConfig":
+        """Parse a config.json dict; `parse_config` also returns the precedence warnings."""
+        return parse_config(d, overrides)[0]
+
+
+# --- checks ----------------------------------------------------------------------------------------
+
+
+def _bad(name: str, value: Any, want: str) -> CheckpointError:
+    return CheckpointError(f"config field {name}={value!r} should be {want}; fix config.json")
+
+
+def _int(name: str, v: Any, lo: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(name, v, "an integer")
+    if lo is not None and v < lo:
+        raise _bad(name, v, f"an integer >= {lo}")
+    return v
+
+
+def _num(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _bad(name, v, "a finite number")
+    return float(v)
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _bad(name, v, "true or false")
+    return v
+
+
+def _int_list(name: str, v: Any) -> list[int]:
+    if not isinstance(v, (list, tuple)) or not v:
+        raise _bad(name, v, "a non-empty list of integers")
+    return [_int(f"{name}[{i}]", x, 0) for i, x in enumerate(v)]
+
+
+TYPES = {  # present and not null -> checked before transformers sees it
+    "hidden_size": lambda n, v: _int(n, v, 1), "num_hidden_layers": lambda n, v: _int(n, v, 1),
+    "num_attention_heads": lambda n, v: _int(n, v, 1), "num_key_value_heads": lambda n, v: _int(n, v, 1),
+    "head_dim": lambda n, v: _int(n, v, 1), "intermediate_size": lambda n, v: _int(n, v, 1),
+    "max_position_embeddings": lambda n, v: _int(n, v, 1), "max_window_layers": lambda n, v: _int(n, v, 0),
+    "sliding_window": lambda n, v: _int(n, v, 1), "rms_norm_eps": _num, "rope_theta": _num, "partial_rotary_factor": _num,
+    "attention_bias": _bool, "use_sliding_window": _bool,
+    "block_size": lambda n, v: _int(n, v, 1), "num_target_layers": lambda n, v: _int(n, v, 1),
+    "mask_token_id": lambda n, v: _int(n, v, 0), "target_layer_ids": _int_list,
+}
+
+
+def _check_type(name: str, v: Any) -> None:
+    key = name.rsplit(".", 1)[-1]
+    if key in TYPES:
+        TYPES[key](name, v)
+    elif key in ("rope_parameters", "rope_scaling", "dflash_config") and not isinstance(v, dict):
+        raise _bad(name, v, "a mapping")
+    elif key in ("hidden_act", "mask_token") and not (isinstance(v, str) and v):
+        raise _bad(name, v, "a non-empty string")
+    elif key in ("layer_types", "architectures") and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        raise _bad(name, v, "a list of strings")
+
+
+def _is_off(v: Any, off: tuple[Any, ...]) -> bool:
+    return any(v is o or (o is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and v == o) for o in off)
+
+
+def _classify(d: dict[str, Any], where: str, known: set[str]) -> dict[str, Any]:
+    """Refuse extension keys switched on and unknown keys with a value; return the harmless ones."""
+    kept = {}
+    for k, v in d.items():
+        name = f"{where}{k}"
+        if k in known:
+            continue
+        if k in HARMLESS:
+            kept[k] = v
+        elif k in EXTENSIONS:
+            off, what = EXTENSIONS[k]
+            if not _is_off(v, off):
+                raise CheckpointError(
+                    f"config key {name}={v!r} switches on {what}, which this evaluator does not implement: evaluating "
+                    f"without it would measure a different model. Use a drafter without it (accepted values: {list(off)})"
+                )
+        elif not (v is None or v is False or v in ({}, [], "")):
+            raise CheckpointError(
+                f"unknown config key {name}={v!r}: neither transformers' Qwen3 nor DFlash's implementations that this "
+                "evaluator follows read it, so it may change the drafter in a way not implemented here. If it is only "
+                "metadata, delete it from config.json (or set it to null)"
+            )
+    return kept
+
+
+def _pick(name: str, dflash: dict[str, Any], top: dict[str, Any], warnings: list[str]) -> Any:
+    """dflash_config first, then the top level (SGLang's precedence); a warning when both differ."""
+    a, b = dflash.get(name), top.get(name)
+    if a is not None and b is not None and a != b:
+        warnings.append(f"config has {name}={b!r} at the top level and dflash_config.{name}={a!r}: using dflash_config's {a!r}, as SGLang does")
+    return a if a is not None else b
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+
+def qwen3_config(arch: dict[str, Any]):
+    """transformers' Qwen3Config from architecture keys, as `from_pretrained` builds it."""
+    from transformers import Qwen3Config
+
+    try:
+        return Qwen3Config.from_dict(copy.deepcopy(arch))
+    except Exception as e:  # strict field validation, rope validation (KeyError for a missing rope key)...
+        raise CheckpointError(f"transformers cannot read this drafter config as a Qwen3 config: {type(e).__name__}: {str(e)[:300]}") from None
+
+
+def _rope(hf) -> dict[str, Any]:
+    rp = hf.rope_parameters
+    if not isinstance(rp, dict) or any(isinstance(v, dict) for v in rp.values()):
+        raise CheckpointError(f"rope parameters per layer type ({rp!r}) are not implemented for DFlash drafters; use one flat rope_parameters dict")
+    rp = {k: v for k, v in rp.items() if k != "type"}
+    if rp.get("rope_type") not in ROPE_TYPES:
+        raise CheckpointError(f"rope_parameters.rope_type={rp.get('rope_type')!r} is not implemented; supported: {', '.join(ROPE_TYPES)}")
+    for k, v in rp.items():
+        if k not in ROPE_KEYS and v is not None:
+            raise CheckpointError(f"rope_parameters.{k}={v!r} is not a rope parameter transformers' Qwen3 reads (e.g. multimodal rope); not implemented")
+    prf = rp.pop("partial_rotary_factor", None)
+    if prf is not None and float(prf) != 1.0:
+        raise CheckpointError(
+            f"partial_rotary_factor={prf!r} is not implemented: transformers' Qwen3 rotates the whole head for the default rope "
+            "type (and fails for the scaled ones) and SGLang's DFlash drafter rotates the whole head, so neither computes what "
+            "a drafter trained with a partial rotary does"
+        )
+    return rp
+
+
+def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> tuple[DrafterConfig, list[str]]:
+    """config.json dict (-> CheckpointError naming the key) -> (DrafterConfig, warnings)."""
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"the drafter config should be a mapping, got {type(raw).__name__}")
+    dflash = raw.get("dflash_config") or {}
+    for k, v in [*raw.items(), *((f"dflash_config.{k}", v) for k, v in (dflash.items() if isinstance(dflash, dict) else ()))]:
+        if v is not None:
+            _check_type(k, v)
+    extra = _classify(raw, "", UNDERSTOOD)
+    _classify(dflash, "dflash_config.", set(DFLASH_FIELDS))
+    if raw.get("model_type", "qwen3") not in ("qwen3", None):
+        raise CheckpointError(f"model_type={raw['model_type']!r}: DFlash draft layers are Qwen3 layers; only model_type qwen3 is implemented")
+    archs = raw.get("architectures") or ["DFlashDraftModel"]
+    if archs != ["DFlashDraftModel"]:
+        raise CheckpointError(f"architectures={archs!r}: only DFlashDraftModel is implemented (not DFlash2 or other variants)")
+    missing = [k for k in REQUIRED if raw.get(k) is None]
+    if missing:
+        raise CheckpointError(f"drafter config lacks {missing}; the checkpoint should store them (a Qwen3 config with DFlash's fields)")
+
+    hf = qwen3_config({k: raw[k] for k in ARCH_KEYS if k in raw})
+    if hf.hidden_act != "silu":
+        raise CheckpointError(f"hidden_act={hf.hidden_act!r} is not implemented (DFlash drafters use silu, as SGLang requires)")
+    layer_types = list(hf.layer_types or ["full_attention"] * hf.num_hidden_layers)
+    if len(layer_types) != hf.num_hidden_layers or any(t not in LAYER_TYPES for t in layer_types):
+        raise CheckpointError(f"layer_types={layer_types!r}: one of {LAYER_TYPES} per draft layer ({hf.num_hidden_layers}) is implemented")
+    window = hf.sliding_window if "sliding_attention" in layer_types else None
+    if "sliding_attention" in layer_types and window is None:
+        raise CheckpointError(
+            "layer_types has sliding_attention layers but the config gives no window (transformers keeps sliding_window only "
+            "with use_sliding_window: true; SGLang refuses such a config): set use_sliding_window: true and sliding_window"
+        )
+    if hf.num_attention_heads % hf.num_key_value_heads:
+        raise CheckpointError(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={hf.num_key_value_heads}")
+
+    warnings: list[str] = []
+    dv = {k: _pick(k, dflash, raw, warnings) for k in DFLASH_FIELDS}
+    for k, v in (overrides or {}).items():  # fill only what the checkpoint lacks
+        if dv.get(k) is None and v is not None:
+            dv[k] = list(v) if k == "target_layer_ids" else v
+    if dv["target_layer_ids"] is not None:
+        dv["target_layer_ids"] = _int_list("target_layer_ids", dv["target_layer_ids"])
+    cfg = DrafterConfig(
+        hidden_size=hf.hidden_size, num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
+        num_target_layers=dv["num_target_layers"], target_layer_ids=dv["target_layer_ids"], mask_token_id=dv["mask_token_id"],
+        block_size=16 if dv["block_size"] is None else dv["block_size"], rms_norm_eps=float(hf.rms_norm_eps),
+        rope_parameters=_rope(hf), max_position_embeddings=hf.max_position_embeddings, attention_bias=bool(hf.attention_bias),
+        layer_types=layer_types, sliding_window=window, mask_token=dv["mask_token"], extra=extra,
+    )
+    rotary_parameters(cfg)  # transformers computes this rope, or the config is refused now
+    return cfg, warnings
+
+
+# --- rotary: transformers' own initialisation ------------------------------------------------------
+
+
+def rotary_parameters(cfg: DrafterConfig):
+    """(inv_freq [D/2] float32, attention scaling, position limit or None) from transformers'
+    `Qwen3RotaryEmbedding` for this config: every rope type's frequencies and yarn's / longrope's
+    attention factor as transformers computes them.
+
+    The position limit: dynamic and longrope change their frequencies with the sequence length in
+    transformers' forward (from `max_position_embeddings` / `original_max_position_embeddings` on),
+    statefully, so what a loop computes there depends on its history (and SGLang's dynamic rope uses
+    a fixed scaled base instead): sequences must stay within the limit, where both are the static
+    initial frequencies. transformers 5.17's forward multiplies positions by inv_freq in a float32
+    matmul (TF32-rounded when TF32 is on) and 5.24's elementwise: `dflash.drafter.Rotary` computes
+    the product elementwise from these values, identical to 5.24's forward.
+    """
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    hf = qwen3_config({"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+                       "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+                       "max_position_embeddings": cfg.max_position_embeddings, "rope_parameters": copy.deepcopy(cfg.rope_parameters)})
+    rp = cfg.rope_parameters
+    if rp["rope_type"] == "longrope":
+        for k in ("short_factor", "long_factor"):
+            if not isinstance(rp.get(k), list) or len(rp[k]) != cfg.head_dim // 2:
+                raise CheckpointError(f"rope_parameters.{k} should be a list of head_dim / 2 = {cfg.head_dim // 2} numbers")
+    try:
+        rot = Qwen3RotaryEmbedding(hf)
+    except Exception as e:
+        raise CheckpointError(f"transformers cannot compute this rope ({rp!r}): {type(e).__name__}: {str(e)[:200]}") from None
+    limit = {"dynamic": cfg.max_position_embeddings, "longrope": rp.get("original_max_position_embeddings")}.get(rp["rope_type"])
+    return rot.inv_freq.float().cpu(), float(rot.attention_scaling), limit
+
+
+def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str, Any]:
+    """What was evaluated, as a flat dict of plain values with stable names (logged, printed)."""
+    rp = cfg.rope_parameters
+    _, scaling, _ = rotary_parameters(cfg)
+    sliding = [i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention"]
+    out: dict[str, Any] = {
+        "block_size": cfg.block_size, "target_layer_ids": list(cfg.target_layer_ids or []), "mask_token_id": cfg.mask_token_id,
+        "num_target_layers": cfg.num_target_layers, "num_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
+        "num_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps, "attention_bias": cfg.attention_bias,
+        "rope_type": rp["rope_type"], "rope_theta": float(rp["rope_theta"]), "rope_attention_scaling": scaling,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "sliding_layers": sliding, "sliding_window": cfg.sliding_window, "sliding_window_applied": bool(sliding) and apply_window,
+    }
+    out.update({f"rope_{k}": v for k, v in sorted(rp.items()) if k not in ("rope_type", "rope_theta")})
+    return out
