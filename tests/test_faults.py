@@ -192,7 +192,7 @@ USER_ERRORS = {
     "max_new_tokens 0": (["prompts.max_new_tokens=0"], "prompts.max_new_tokens=0: use 2 or more"),
     "max_new_tokens negative": (["prompts.max_new_tokens=-5"], "prompts.max_new_tokens=-5: use 2 or more"),
     "max_new_tokens 1": (["prompts.max_new_tokens=1"], "prompts.max_new_tokens=1: use 2 or more"),
-    "config.json value of the wrong type": (["drafter=hf", "drafter.path={drafter}"], "config.json field 'block_size' is '4' (str); it must be int"),
+    "config.json value of the wrong type": (["drafter=hf", "drafter.path={drafter}"], "config field block_size='4' should be an integer; fix config.json"),
 }
 
 
