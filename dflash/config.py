@@ -474,10 +474,11 @@ def main(hydra_main: Callable[[], Any]) -> None:
     try:
         hydra_main()
     except SystemExit as e:
-        code = e.code
+        code, why = e.code, f"exit status {e.code}"
         if code == 1 and isinstance(e.__context__, (HydraException, OmegaConfBaseException)):
             code = 2  # Hydra printed why the config does not compose (an unknown key, group option, a bad value)
-        _finish_sweep("FAILED" if code else None, "the sweep stopped: see its log")
+            why = f"a job's config does not compose: {str(e.__context__).strip().splitlines()[0]}"
+        _finish_sweep("FAILED" if code else None, why)
         sys.exit(code)
     except (KeyboardInterrupt, Terminated) as e:
         name = "SIGTERM" if isinstance(e, Terminated) else "SIGINT"

@@ -107,5 +107,6 @@ def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[
             lines.append(f"| {r['run']} |{vals} {tau} | {delta} |")
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
-    lines += ["", "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, `sweep/per_position.png`."]
+    if table:
+        lines += ["", "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, `sweep/per_position.png`."]
     return "\n".join(lines)
