@@ -42,7 +42,8 @@ from typing import Any, Callable, Optional, get_type_hints
 
 from omegaconf import MISSING
 
-from dflash.errors import ConfigError, Terminated, UserError, exit_code, install_signal_handlers, verbose
+from dflash.compare import swept_values
+from dflash.errors import ConfigError, Terminated, UserError, exit_code, install_signal_handlers, signals_deferred, verbose
 
 
 @dataclass
@@ -400,15 +401,11 @@ _ACTIVE: Optional[_ActiveSweep] = None
 def _finish_sweep(status: Optional[str] = None, reason: str = "") -> list[dict[str, Any]]:
     """Close the sweep this process started (if any): its MLflow parent gets the comparison and ends
     `status` (None: FINISHED, or FAILED if a job failed). -> the failed jobs' records."""
-    from dflash.errors import signals_deferred
-
     global _ACTIVE
     active, _ACTIVE = _ACTIVE, None
     if active is None:
         return []
     records = job_records(active.info)
-    from dflash.compare import swept_values
-
     for r, vals in zip(records, swept_values([r["overrides"] for r in records])):  # name a job by what sets it apart
         r["label"] = " ".join(f"{k}={v}" for k, v in vals.items()) or " ".join(r["overrides"])
     failed = [r for r in records if r["status"] != "FINISHED"]
