@@ -9,12 +9,16 @@ Signals: `install_signal_handlers` turns SIGTERM (a timeout, SLURM preemption, `
 a `Terminated` exception raised in the main thread, so `finally` blocks and context managers run
 (temporary folders removed, the MLflow run ended KILLED) exactly as they do for Ctrl-C's
 KeyboardInterrupt. Exit codes follow the shell's convention: 130 for SIGINT, 143 for SIGTERM.
+`signals_deferred()` holds both back while a run is being closed, so a second Ctrl-C cannot leave it
+half-ended; they are delivered (and raise) when the block ends.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from contextlib import contextmanager
+from typing import Iterator
 
 EXIT_USER = 2
 EXIT_SIGINT = 130
@@ -64,6 +68,21 @@ def _raise_terminated(signum, frame):
 def install_signal_handlers() -> None:
     """SIGTERM -> Terminated in the main thread (SIGINT already raises KeyboardInterrupt)."""
     signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (main thread, POSIX; elsewhere a no-op)."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (AttributeError, ValueError, OSError):  # no pthread_sigmask (Windows)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def exit_code(exc: BaseException) -> int:

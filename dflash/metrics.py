@@ -1,29 +1,36 @@
 """Metrics: raw counters per prompt, and every ratio derived from their sums (DFLASH.md §3).
 
-Conventions (named here, logged under these names):
+Conventions (named here; dflash/tracking.py logs them under these names):
 - `acceptance_length` τ: committed tokens per verify step, bonus included (plain decoding = 1);
   token-weighted over all steps. `acceptance_length_macro`: mean of per-prompt τ (what DFlash's
   benchmark prints). `mean_accepted` = τ - 1 is gpt-fast's "mean accepted" (bonus excluded).
   The last step of a prompt commits at most what is left of the reference (capped); the other side,
   `acceptance_length_uncapped` (and `_macro_uncapped`), counts every step in full (accepted + 1,
   the bonus past the reference end included), as z-lab's original benchmark loop does (README).
-- `accept_rate/pos_k`: cumulative, accepted_at_pos[k] / steps (vLLM's).
-- `accept_rate_cond/pos_k`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B).
-- `accuracy/pos_k`: teacher-forced, slot k right whatever the earlier slots, over every anchor.
+- Per draft slot k = 1..B-1 (`position_curves`, one list per kind, index k-1):
+  `accept_rate`: cumulative, accepted_at_pos[k] / steps (vLLM's);
+  `accept_rate_cond`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B);
+  `accuracy`: teacher-forced, slot k right whatever the earlier slots, over every anchor;
+  with `scores=true` also `nll` (mean -log p of the reference token, nats) and `confidence`
+  (mean top-1 probability). `commit_share`: per c = 1..B, the share of verify steps that committed c tokens.
 - `expected_acceptance_length`: 1 + Σ_k Π_{i<=k} accuracy_i.
-- With `scores=true` only: `nll_mean` (± `nll_mean_se`), `nll/pos_k`: teacher-forced mean -log p of the reference token
-  (nats) over every anchor: the training loss's cross-entropy, unweighted, on evaluation prompts.
-  `confidence/pos_k`: mean top-1 probability; `overconfidence`: mean confidence - accuracy over
-  all slots (> 0: surer than it is right).
+- With `scores=true` only: `nll_mean` (± `nll_mean_se`): teacher-forced mean -log p of the reference
+  token over every anchor and slot: the training loss's cross-entropy, unweighted, on evaluation
+  prompts. `overconfidence`: mean confidence - accuracy over all slots (> 0: surer than it is right).
 - `acceptance_length_se`: standard error of τ with prompts as the sampling unit (steps within a
   prompt are not independent): the delta-method SE of a ratio of sums. Two drafters evaluated on the
   same prompts: `paired_ratio_diff` gives the SE of their τ gap, smaller than either τ's SE since
   what is hard about a prompt is hard for both (`python -m dflash.compare`).
+
+Undefined is not 0: a ratio over nothing (0/0: no verify step reached slot k, a prompt with no
+verify step, an SE over fewer than two prompts) is None. Nothing undefined is logged; the console
+prints "-"; plots leave a gap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any, Optional
 
 
 @dataclass
@@ -59,19 +66,23 @@ class Counters:
         return Counters(**kw)
 
 
-def _div(a: float, b: float) -> float:
-    return a / b if b else 0.0
+Rate = Optional[float]  # None: undefined (0/0)
 
 
-def acceptance_length(c: Counters) -> float:
+def _div(a: float, b: float) -> Rate:
+    return a / b if b else None
+
+
+def acceptance_length(c: Counters) -> Rate:
     return _div(c.committed, c.steps)
 
 
-def ratio_se(num: list[float], den: list[float]) -> float:
-    """SE of Σnum/Σden over n clusters (delta method, n/(n-1) small-sample factor); 0 when n < 2."""
+def ratio_se(num: list[float], den: list[float]) -> Rate:
+    """SE of Σnum/Σden over n clusters (delta method, n/(n-1) small-sample factor); None when n < 2
+    (no spread to measure) or Σden = 0."""
     n, D = len(num), sum(den)
     if n < 2 or not D:
-        return 0.0
+        return None
     r = sum(num) / D
     return (n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(num, den))) ** 0.5 / D
 
@@ -89,16 +100,16 @@ def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float]
     return rb - ra, (n / (n - 1) * sum(x * x for x in z)) ** 0.5
 
 
-def accept_rate(c: Counters) -> list[float]:
+def accept_rate(c: Counters) -> list[Rate]:
     return [_div(n, c.steps) for n in c.accepted_at_pos]
 
 
-def accept_rate_cond(c: Counters) -> list[float]:
+def accept_rate_cond(c: Counters) -> list[Rate]:
     prev = [c.steps] + c.accepted_at_pos[:-1]
     return [_div(n, p) for n, p in zip(c.accepted_at_pos, prev)]
 
 
-def accuracy(c: Counters) -> list[float]:
+def accuracy(c: Counters) -> list[Rate]:
     return [_div(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
 
 
@@ -107,33 +118,60 @@ def scored(c: Counters) -> bool:
     return sum(c.tf_conf) > 0
 
 
-def nll(c: Counters) -> list[float]:
+def nll(c: Counters) -> list[Rate]:
     return [_div(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
 
 
-def confidence(c: Counters) -> list[float]:
+def confidence(c: Counters) -> list[Rate]:
     return [_div(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
 
 
-def expected_acceptance_length(acc: list[float]) -> float:
+def commit_share(c: Counters) -> list[Rate]:
+    """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
+    return [_div(n, c.steps) for n in c.commit_hist[1:]]
+
+
+def position_curves(c: Counters) -> dict[str, list[Rate]]:
+    """Every per-slot series of summed counters, by kind (index k-1 for slot k); NLL and confidence
+    only when they were counted (scores=true)."""
+    out = {"accept_rate": accept_rate(c), "accept_rate_cond": accept_rate_cond(c), "accuracy": accuracy(c)}
+    if scored(c):
+        out.update(nll=nll(c), confidence=confidence(c))
+    return out
+
+
+def position_table(c: Counters) -> list[dict[str, Any]]:
+    """One row per draft slot: every per-slot rate (None where undefined) and the counts behind it."""
+    curves = position_curves(c)
+    reached = [c.steps] + c.accepted_at_pos[:-1]
+    return [{"pos": k + 1, **{name: v[k] for name, v in curves.items()}, "accepted": c.accepted_at_pos[k], "reached": reached[k],
+             "steps": c.steps, "tf_correct": c.tf_correct[k], "tf_total": c.tf_total[k]} for k in range(c.block_size - 1)]
+
+
+def expected_acceptance_length(acc: list[Rate]) -> Rate:
+    """1 + Σ_k Π_{i<=k} accuracy_i, summed up to the first undefined slot; None if slot 1 is undefined."""
+    if not acc or acc[0] is None:
+        return None
     total, run = 1.0, 1.0
     for a in acc:
+        if a is None:
+            break
         run *= a
         total += run
     return total
 
 
-def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
-    """Flat metric dict (MLflow names) over all prompts, plus τ per subset."""
+def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
+    """Scalars (MLflow names) over all prompts, plus τ per subset; None where undefined. The per-slot
+    series are `position_curves` of the summed counters."""
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
-    taus = [acceptance_length(c) for _, c in per_prompt if c.steps]
-    acc = accuracy(total)
-    m: dict[str, float] = {
+    taus = [t for _, c in per_prompt if (t := acceptance_length(c)) is not None]
+    m: dict[str, Rate] = {
         "acceptance_length": acceptance_length(total),
         "acceptance_length_macro": _div(sum(taus), len(taus)),
         "acceptance_length_se": ratio_se([c.committed for _, c in per_prompt], [c.steps for _, c in per_prompt]),
         "mean_accepted": _div(total.accepted, total.steps),
-        "expected_acceptance_length": expected_acceptance_length(acc),
+        "expected_acceptance_length": expected_acceptance_length(accuracy(total)),
         "draft_acceptance_rate": _div(total.accepted, total.drafted),
         "steps": float(total.steps),
         "new_tokens": float(total.new_tokens),
@@ -142,19 +180,10 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, float]:
     if total.committed_uncapped:  # the replay's (the online loop does not count it)
         m["acceptance_length_uncapped"] = _div(total.committed_uncapped, total.steps)
         m["acceptance_length_macro_uncapped"] = _div(sum(_div(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
-    for k, (r, rc, a) in enumerate(zip(accept_rate(total), accept_rate_cond(total), acc), start=1):
-        m[f"accept_rate/pos_{k:02d}"] = r
-        m[f"accept_rate_cond/pos_{k:02d}"] = rc
-        m[f"accuracy/pos_{k:02d}"] = a
     if scored(total):
         m["nll_mean"] = _div(sum(total.tf_nll), sum(total.tf_total))
         m["nll_mean_se"] = ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt])
         m["overconfidence"] = _div(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total))
-        for k, (l, cf) in enumerate(zip(nll(total), confidence(total)), start=1):
-            m[f"nll/pos_{k:02d}"] = l
-            m[f"confidence/pos_{k:02d}"] = cf
-    for c_, n in enumerate(total.commit_hist):
-        m[f"commit_hist/{c_:02d}"] = float(n)
     for subset in sorted({s for s, _ in per_prompt}):
         sub = [c for s, c in per_prompt if s == subset]
         st = sum(sub[1:], sub[0])

@@ -228,7 +228,8 @@ def run(cfg: EvalConfig) -> EvalResult:
     if cfg.leak_probe:
         lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
-        metrics["leak_probe/tau_gain"] = lm["acceptance_length"] - metrics["acceptance_length"]
+        tau, leak_tau = metrics["acceptance_length"], lm["acceptance_length"]
+        metrics["leak_probe/tau_gain"] = None if tau is None or leak_tau is None else leak_tau - tau  # undefined without a verify step
     metrics["tokens_per_second_replay"] = total.new_tokens / max(timings.get("replay", 0.0), 1e-9)
     metrics.update(ref_stats.metrics())
     dc = drafter.model.cfg

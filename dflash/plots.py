@@ -76,7 +76,8 @@ def position_curves_png(c: Counters, title: str = "") -> bytes:
     ax.plot(k, _y(r["teacher_forced"]), "^:", label="teacher-forced accuracy: slot k right, any prefix (every anchor)")
     _slots_axis(ax, len(k), "rate")
     ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(f"{title + ': ' if title else ''}per-position acceptance, τ = {acceptance_length(c):.3f} (bonus included), "
+    tau = acceptance_length(c)  # None: no verify step (undefined)
+    ax.set_title(f"{title + ': ' if title else ''}per-position acceptance, τ = {'-' if tau is None else f'{tau:.3f}'} (bonus included), "
                  f"{c.steps} verify steps", fontsize=10)
     if any(v is None for v in r["conditional"]):
         fig.text(0.01, -0.02, "gaps: 0/0, no step reached that slot (undefined, not 0)", fontsize=8)
@@ -90,7 +91,8 @@ def commit_hist_png(c: Counters, title: str = "") -> bytes:
     ax = fig.add_subplot()
     ax.bar(x, counts, color="#4c72b0")
     tau = acceptance_length(c)
-    ax.axvline(tau, color="#c44e52", ls="--", label=f"τ = {tau:.3f} (mean tokens per step)")
+    if tau is not None:  # undefined without a verify step
+        ax.axvline(tau, color="#c44e52", ls="--", label=f"τ = {tau:.3f} (mean tokens per step)")
     ax.set_xticks(x)
     ax.set_xlabel("tokens committed by a verify step (accepted drafted tokens + 1 bonus; 1 = none accepted)")
     ax.set_ylabel("verify steps")

@@ -62,7 +62,7 @@ def draft_every_anchor(
     dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype  # with the target's last layers
     k = torch.arange(1, B, device=seq.device)
     props, nlls, confs = [], [], []
-    for a in anchors.split(anchors_per_chunk):
+    for a in anchors.split(anchors_per_chunk) if len(anchors) else ():  # no anchor: a 1-token reference (EOS first)
         N = a.shape[0]
         block = torch.full((N, B), mask_id, dtype=torch.long, device=seq.device)
         block[:, 0] = seq[a]

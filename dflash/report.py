@@ -1,31 +1,48 @@
-"""Console report: the short summary a run prints (pure formatting of an EvalResult)."""
+"""Reports: pure formatting of results. `summary`: what a run prints on the console; `markdown`: the
+run's MLflow description; `sweep_markdown`: a sweep parent's description (its children side by side).
+
+Undefined values (None: a ratio over nothing, see dflash.metrics) print as "-", never as 0.
+"""
 
 from __future__ import annotations
 
-from dflash.pipeline import EvalResult
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from dflash.pipeline import EvalResult
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> str:
     m, info = res.metrics, res.info
+    g = m.get
     lines = [
         f"== {info.run_name}  ({info.device}, {info.dtype}, block {info.block_size}, taps {info.target_layer_ids})",
-        f"acceptance length τ (bonus included, token-weighted): {m['acceptance_length']:.3f} ± {m['acceptance_length_se']:.3f} (SE over prompts)   "
-        f"macro (per-prompt mean): {m['acceptance_length_macro']:.3f}   expected from accuracy: {m['expected_acceptance_length']:.3f}",
+        f"acceptance length τ (bonus included, token-weighted): {fmt(g('acceptance_length'))} ± {fmt(g('acceptance_length_se'))} (SE over prompts)   "
+        f"macro (per-prompt mean): {fmt(g('acceptance_length_macro'))}   expected from accuracy: {fmt(g('expected_acceptance_length'))}",
     ]
     if info.drafter_config:
         lines.append("drafter config: " + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items()) + f"; stop ids {info.stop_ids}")
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
     if subsets:
-        lines.append("τ per subset: " + "   ".join(f"{s} {m[f'acceptance_length/{s}']:.3f}" for s in subsets))
+        lines.append("τ per subset: " + "   ".join(f"{s} {fmt(m[f'acceptance_length/{s}'])}" for s in subsets))
     if "leak_probe/acceptance_length" in m:
-        lines.append(f"leak probe: τ with the anchor's own feature visible {m['leak_probe/acceptance_length']:.3f} (gain {m['leak_probe/tau_gain']:+.3f})")
+        lines.append(f"leak probe: τ with the anchor's own feature visible {fmt(g('leak_probe/acceptance_length'))} (gain {fmt(g('leak_probe/tau_gain'), '+.3f')})")
     cv = res.curves
-    if "nll" in cv:
-        lines.append(f"NLL of the reference token (tf, nats): {m['nll_mean']:.3f} ± {m['nll_mean_se']:.3f}   overconfidence (confidence - accuracy): {m['overconfidence']:+.3f}")
-    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)" + ("   nll(tf)  confidence" if "nll" in cv else ""))
+    scored = "nll" in cv
+    if scored:
+        lines.append(f"NLL of the reference token (tf, nats): {fmt(g('nll_mean'))} ± {fmt(g('nll_mean_se'))}   "
+                     f"overconfidence (confidence - accuracy): {fmt(g('overconfidence'), '+.3f')}")
+    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)" + ("   nll(tf)  confidence" if scored else ""))
     for k, (a, c, t) in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"]), start=1):
-        scores = f"  {cv['nll'][k - 1]:>8.3f}  {cv['confidence'][k - 1]:>10.3f}" if "nll" in cv else ""
-        lines.append(f"{k:>3}   {a:>11.3f}  {c:>12.3f}  {t:>12.3f}{scores}")
+        extra = f"  {fmt(cv['nll'][k - 1]):>8}  {fmt(cv['confidence'][k - 1]):>10}" if scored else ""
+        lines.append(f"{k:>3}   {fmt(a):>11}  {fmt(c):>12}  {fmt(t):>12}{extra}")
+    if any(v is None for v in cv["accept_rate_cond"]):
+        lines.append("(-: undefined, 0/0: no verify step reached that slot)")
     ref = info.references
     lines.append(
         f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "
@@ -41,4 +58,55 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         lines.append(f"WARNING: {w}")
     if where:
         lines.append(f"MLflow: {where}")
+    return "\n".join(lines)
+
+
+def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
+    """The run's description: τ ± SE, τ per subset, what was evaluated (drafter, target, prompts)."""
+    m, info = res.metrics, res.info
+    n = Counter(r.prompt.subset for r in res.prompts)
+    ref = info.references
+    ckpt = f", `{info.checkpoint_path}`" if info.checkpoint_path else ""
+    sha = f" (sha256 `{info.checkpoint_sha256[:12]}`)" if info.checkpoint_sha256 else ""
+    per_subset = ", ".join(f"{s} **{fmt(m.get(f'acceptance_length/{s}'))}** ({n[s]})" for s in sorted(n))
+    lines = [
+        f"**τ = {fmt(m.get('acceptance_length'))} ± {fmt(m.get('acceptance_length_se'))}**; per subset (prompts): {per_subset}",
+        "",
+        f"τ: committed tokens per verify step, bonus included (plain decoding = 1); ± SE over {len(res.prompts)} prompts. Expected from "
+        f"teacher-forced accuracy {fmt(m.get('expected_acceptance_length'))}, per-prompt mean {fmt(m.get('acceptance_length_macro'))}.",
+        "",
+        f"- **drafter**: {info.drafter_name} @ step {info.drafter_step if info.drafter_step is not None else '-'}{ckpt}{sha}; "
+        f"block {info.block_size}, taps {info.target_layer_ids}, mask id {info.mask_token_id}",
+        f"- **target**: {target_name} (`{info.target_identity}`), {info.device}, {info.dtype}",
+        f"- **prompts**: {prompts_label}: {len(res.prompts)} ({', '.join(f'{s} {n[s]}' for s in sorted(n))}); "
+        f"{int(m.get('new_tokens') or 0)} new tokens, {int(m.get('steps') or 0)} verify steps; references {ref.hits} cached, {ref.generated} generated",
+    ]
+    if m.get("leak_probe/acceptance_length") is not None:
+        lines.append(f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "
+                     f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})")
+    lines += [f"- **warning**: {w}" for w in res.warnings]
+    lines.append("- artifacts: `samples.html` (each verify step's accepted / rejected / bonus tokens), `plots/`, `per_position.json`, "
+                 "`per_prompt.json` (what `python -m dflash.compare` pairs), `config.yaml`")
+    return "\n".join(lines)
+
+
+def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[str], status: str, reason: str = "") -> str:
+    """A sweep parent's description: one row per child (dflash.compare.sweep_table), the failed jobs."""
+    swept = [k for k in (table[0] if table else {}) if k not in {"run", "tau", "tau_se", "prompts", "delta_tau", "delta_tau_se", "delta_tau_z",
+                                                             "paired_against", "note", "run_id"} and not k.startswith("tau/")]
+    base = next((r["paired_against"] for r in table if r.get("paired_against")), None)
+    lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
+    if table:
+        lines += [f"| run | {' | '.join(swept)} | τ ± SE | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
+                  "| --- |" + " --- |" * (len(swept) + 2)]
+        first = next((i for i, r in enumerate(table) if r["tau"] is not None), None)  # what the others are paired against
+        for i, r in enumerate(table):
+            vals = "".join(f" {r.get(k, '')} |" for k in swept)
+            delta = "baseline" if i == first else "-" if r["delta_tau"] is None else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}"
+            tau = "- (no result)" if r["tau"] is None else f"{fmt(r['tau'])} ± {fmt(r['tau_se'])}"
+            lines.append(f"| {r['run']} |{vals} {tau} | {delta} |")
+    if failed:
+        lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
+    if table:
+        lines += ["", "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, `sweep/per_position.png`."]
     return "\n".join(lines)

@@ -9,8 +9,8 @@ what is on screen. Skipped where chromium or playwright is missing; `.ci/run` in
 `DFLASH_SCREENSHOT=docs/mlflow-ui.png` also saves the samples page, in MLflow's artifact view,
 as the README's screenshot.
 
-Tests marked `xfail(strict=True)` check what issue 14 asks of the tracking side and today's
-tracking does not do yet; once it does, they XPASS and fail: remove the marker then.
+The runs table and the chart view are opened through the saved view that dflash/tracking.py stores on
+the experiment (`viewStateShareKey=dflash`): τ as a column, τ and the per-position curves as the first charts.
 """
 
 from __future__ import annotations
@@ -130,8 +130,6 @@ def _table_url(base: str, exp) -> str:
     return f"{base}/#/experiments/{exp.experiment_id}/runs?{ML}" + (f"&viewStateShareKey={keys[0]}" if keys else "")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 part 3: the runs table does not show τ by default yet (tracking: e.g. a shared view "
-                                       "state on the experiment with metrics.`acceptance_length` among its selectedColumns)")
 def test_runs_table_shows_tau(ui):
     base, exp, run, client, ctx = ui
     page = _open(ctx, _table_url(base, client.get_experiment(exp.experiment_id)))
@@ -169,8 +167,6 @@ def test_chart_view_draws_the_per_position_curves(ui):
     page.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 part 2: the default chart view does not show τ and the curves first yet "
-                                       "(its first charts are accept_rate/pos_01.. single points)")
 def test_chart_view_shows_tau_and_curves_first(ui):
     base, exp, run, client, ctx = ui
     page = _open(ctx, f"{_table_url(base, client.get_experiment(exp.experiment_id))}&compareRunsMode=CHART")

@@ -201,3 +201,54 @@ def test_shipped_drafters_exist_and_fit_the_budget():
             assert (CONF.parent / d.run_dir / f"step_{d.step}").is_dir(), f"drafter={opt}: step {d.step} not shipped"
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     assert 0 < size <= 40e6, f"checkpoints/ holds {size / 1e6:.1f} MB, over 40"
+
+
+# --- the strict schema and the exit policy's config checks ---------------------------------------
+
+
+@pytest.mark.parametrize("override, near", [("+prompts.num_prompt=3", "prompts.num_prompts"), ("+foo=1", None), ("+drafter.stpe=5", "drafter.step")])
+def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
+    """Hydra's `+` adds the key and OmegaConf.to_object carries it silently: the strict check refuses it."""
+    from dflash.config import to_object
+    from dflash.errors import ConfigError
+
+    cfg = _compose("config", [override])  # composes: Hydra alone accepts it
+    key = override[1:].split("=")[0]
+    with pytest.raises(ConfigError, match=f"{key} is not a config key" + (rf" \(did you mean {near}\?\)" if near else "")):
+        to_object(cfg)
+
+
+@pytest.mark.parametrize("args, bad", [
+    (["prompts.num_prompt=3"], "prompts.num_prompt"), (["nosuch=1"], "nosuch"), (["~drafter.sed"], None), (["drafter=init", "drafter.seed=1"], None),
+    (["hydra.job.chdir=true", "hydra/launcher=joblib"], None), (["-m", "drafter.step=1,2", "+target.template.thinking=true"], "target.template.thinking"),
+])
+def test_command_line_overrides_are_checked_before_hydra(args, bad):
+    from dflash.config import check_overrides
+    from dflash.errors import ConfigError
+
+    if bad is None:
+        check_overrides(args)  # group choices, hydra's own keys, deletions: left to Hydra
+    else:
+        with pytest.raises(ConfigError, match=rf"^{bad} is not a config key"):
+            check_overrides(args)
+
+
+@pytest.mark.parametrize("override, message", [("prompts.max_new_tokens=1", "use 2 or more"), ("prompts.max_new_tokens=-3", "use 2 or more"),
+                                               ("device.name=tpu", "is not a device"), ("device.name=cuda:1", None)])
+def test_values_the_schema_refuses(override, message):
+    from dflash.config import to_object
+    from dflash.errors import ConfigError
+
+    cfg = _compose("config", [override])
+    if message is None:
+        assert to_object(cfg).device.name == "cuda:1"
+    else:
+        with pytest.raises(ConfigError, match=message):
+            to_object(cfg)
+
+
+def test_sweep_name_says_what_was_swept():
+    from dflash.config import sweep_name
+
+    assert sweep_name(["drafter.step=1633,5037", "scores=true"]) == "sweep drafter.step=1633,5037"
+    assert sweep_name(["scores=true"]) == "sweep scores=true"  # a one-job -m: its overrides

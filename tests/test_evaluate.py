@@ -45,23 +45,30 @@ def test_default_evaluation_logs_everything(tmp_path):
     (run,) = runs(tmp_path)
     assert run.info.status == "FINISHED"
     m = run.data.metrics
-    for k in ["acceptance_length", "acceptance_length_macro", "expected_acceptance_length", "acceptance_length/train_like"]:
+    for k in ["acceptance_length", "acceptance_length_se", "acceptance_length_macro", "expected_acceptance_length", "acceptance_length/train_like"]:
         assert k in m
-    for kind in ["accept_rate", "accept_rate_cond", "accuracy"]:
-        assert all(f"{kind}/pos_{k:02d}" in m for k in range(1, 16))
-    assert sum(v for k, v in m.items() if k.startswith("commit_hist/")) == m["steps"] > 0
+    assert not any("/pos_" in k for k in m)  # per-slot values are curves, never scalars under a scalar-looking name
     assert m["acceptance_length"] > 1.0  # the shipped drafter accepts tokens
     assert run.info.run_name == "fixed@step_5037" and run.data.tags["checkpoint_sha256"]
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    curve = c.get_metric_history(run.info.run_id, "accept_rate")
-    assert sorted(x.step for x in curve) == list(range(1, 16))
-    t = run.data.tags
-    assert t["group.target"] == "smollm2_135m" and t["group.drafter"] == "fixed" and t["git_commit"] and t["version.torch"] and t["device"] == "cpu"
-    assert run.data.params["prompts.max_new_tokens"] == "24" and run.data.params["target.template.enable_thinking"] == "False"
+    for kind in ["accept_rate", "accuracy"]:  # defined at every slot here
+        assert sorted(x.step for x in c.get_metric_history(run.info.run_id, f"by_position/{kind}")) == list(range(1, 16))
+    cond = c.get_metric_history(run.info.run_id, "by_position/accept_rate_cond")  # slots no step reached are left out (0/0)
+    assert {x.step for x in cond} <= set(range(1, 16)) and 1 in {x.step for x in cond}
+    share = c.get_metric_history(run.info.run_id, "by_commit/share")
+    assert sum(x.value for x in share) == pytest.approx(1.0, abs=1e-3) and min(x.step for x in share) >= 1
+    t, p = run.data.tags, run.data.params
+    assert t["group.target"] == "smollm2_135m" and t["group.drafter"] == "fixed" and t["version.torch"] and t["device"] == "cpu"
+    assert t["mlflow.source.git.commit"] and t["mlflow.source.name"].endswith("evaluate.py") and "git_commit" not in t
+    assert t["dflash.host"] and t["dflash.pid"] and t["mlflow.note.content"].startswith(f"**τ = {m['acceptance_length']:.3f}")
+    assert p["prompts.max_new_tokens"] == "24" and p["target.template.enable_thinking"] == "False"
+    assert p["drafter.step"] == "5037" and p["drafter.target_layer_ids"] == "[1, 14, 27]" and p["device.dtype"] == "float32"  # as resolved
+    (ds,) = run.inputs.dataset_inputs
+    assert ds.dataset.name == "prompts:builtin" and len(ds.dataset.digest) == 12
     arts = {a.path for a in c.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "samples.json", "samples.html", "per_prompt.json", "plots"} <= arts
+    assert {"config.yaml", "samples.json", "samples.html", "per_prompt.json", "per_position.json", "plots"} <= arts
     samples = json.loads(Path(c.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text())
     assert len(samples) == 2 and {s["subset"] for s in samples} == {"train_like", "fresh"}  # one record per prompt, every subset
     assert all({"prompt", "reference", "acceptance_length", "blocks"} <= set(s) for s in samples)
@@ -73,11 +80,14 @@ def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     all_runs = runs(tmp_path)
     parents = [x for x in all_runs if x.data.tags.get("dflash.role") == "sweep"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].info.run_name == "sweep drafter.step=1633,5037"
     kids = [x for x in all_runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert sorted(k.info.run_name for k in kids) == ["fixed@step_1633", "fixed@step_5037"]
     assert {k.data.tags["checkpoint_path"] for k in kids} == {str(ROOT / "checkpoints/fixed" / f"step_{s}") for s in (1633, 5037)}
     assert all(k.info.status == "FINISHED" for k in kids)
+    best = max(kids, key=lambda k: k.data.metrics["acceptance_length"])
+    assert parents[0].data.metrics["acceptance_length"] == pytest.approx(best.data.metrics["acceptance_length"])  # the parent holds the best τ
+    assert best.info.run_name in parents[0].data.tags["dflash.best_child"] and "| fixed@step_1633 | 1633 |" in parents[0].data.tags["mlflow.note.content"]
     # the two steps side by side, paired by prompt, read back from the store by run name
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT)}
     cmp = subprocess.run([sys.executable, "-m", "dflash.compare", "fixed@step_1633", "fixed@step_5037"], cwd=tmp_path, env=env, capture_output=True, text=True)

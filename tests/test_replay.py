@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dflash.errors import NumericsError
-from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, acceptance_length, expected_acceptance_length, ratio_se, summarize
+from dflash.metrics import (Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, commit_share, expected_acceptance_length, position_curves,
+                            position_table, ratio_se, summarize)
 from dflash.replay import evaluate_sequence, replay, teacher_forced
 from dflash.target import tapped_forward
 
@@ -79,13 +80,25 @@ def test_summarize_micro_macro_and_subsets():
     assert m["acceptance_length_se"] == pytest.approx(9 / 8)
     assert m["acceptance_length/x"] == 4 and m["acceptance_length/y"] == 1
     assert m["mean_accepted"] == 0  # no accepted drafts were counted
-    assert {f"accept_rate/pos_{k:02d}" for k in (1, 2, 3)} <= m.keys()
-    assert "nll_mean" not in m and "confidence/pos_01" not in m  # counted only with scores=true
+    assert not any("/pos_" in k for k in m)  # per-slot values are curves (position_curves), not scalars
+    assert "nll_mean" not in m and "nll" not in position_curves(a + b)  # counted only with scores=true
+    assert m["draft_acceptance_rate"] is None and m["expected_acceptance_length"] is None  # 0/0: undefined, not 0
+
+
+def test_undefined_rates_are_none_not_zero():
+    c = Counters(block_size=4, steps=5, committed=7, accepted=2, drafted=15, accepted_at_pos=[2, 0, 0], tf_correct=[3, 1, 0], tf_total=[5, 3, 0])
+    assert accept_rate_cond(c) == [0.4, 0.0, None]  # slot 3: no step reached it (0/0), slot 2: reached twice, never accepted
+    assert accuracy(c)[2] is None and expected_acceptance_length(accuracy(c)) == pytest.approx(1 + 0.6 + 0.6 / 3)
+    assert commit_share(c) == [0.0] * 4 and acceptance_length(Counters(block_size=4)) is None
+    rows = position_table(c)
+    assert [r["pos"] for r in rows] == [1, 2, 3] and rows[2]["accept_rate_cond"] is None and rows[2]["reached"] == 0
+    m = summarize([("x", Counters(block_size=4, prompts=1, new_tokens=1))])  # a 1-token reference: no verify step
+    assert m["acceptance_length"] is None and m["acceptance_length_macro"] is None and m["acceptance_length_se"] is None
 
 
 def test_ratio_se_is_zero_for_equal_prompts_and_shrinks_with_more_of_them():
     assert ratio_se([4, 8, 12], [2, 4, 6]) == 0.0  # every prompt has τ 2
-    assert ratio_se([5], [3]) == 0.0  # one prompt: no spread to measure
+    assert ratio_se([5], [3]) is None  # one prompt: no spread to measure (undefined, not 0)
     one, four = ratio_se([8, 6], [2, 6]), ratio_se([8, 6] * 4, [2, 6] * 4)
     assert four == pytest.approx(one * (2 * 8 / 7) ** 0.5 / 4)  # n/(n-1) factor, sqrt(n) shrinkage
 
@@ -101,7 +114,8 @@ def test_nll_confidence_and_overconfidence():
     assert c.tf_nll == pytest.approx([0.4, 2.0, 0.0]) and c.tf_conf == pytest.approx([1.4, 0.8, 0.0])
     m = summarize([("x", c)])
     assert m["nll_mean"] == pytest.approx(2.4 / 3)
-    assert m["nll/pos_01"] == pytest.approx(0.2) and m["confidence/pos_02"] == pytest.approx(0.8)
+    curves = position_curves(c)
+    assert curves["nll"][0] == pytest.approx(0.2) and curves["confidence"][1] == pytest.approx(0.8) and curves["nll"][2] is None
     assert m["overconfidence"] == pytest.approx((2.2 - 2) / 3)
 
 
@@ -113,3 +127,12 @@ def test_non_finite_drafter_activations_fail_the_run(qwen3_target, make_drafter)
     d.norm.weight.data[0] = float("nan")  # what an overflow inside the drafter leaves behind
     with pytest.raises(NumericsError, match="not finite at the anchor at position 4"):  # the first anchor: P = 4
         evaluate_sequence(d, qwen3_target, x, r, taps)
+
+
+def test_a_one_token_reference_has_no_verify_step(qwen3_target, make_drafter):
+    """A reference of one token (the target ends at once: EOS first) leaves no anchor: no step, τ undefined, no crash."""
+    d = make_drafter(qwen3_target, num_layers=1, num_taps=2, block_size=4)
+    x, r = [3, 5, 7, 9], [2]
+    taps = tapped_forward(qwen3_target, torch.tensor([x + r]), d.cfg.target_layer_ids)[0]
+    c, blocks = evaluate_sequence(d, qwen3_target, x, r, taps)
+    assert (c.steps, c.new_tokens, blocks) == (0, 1, []) and acceptance_length(c) is None
