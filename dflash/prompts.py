@@ -52,8 +52,15 @@ def read_jsonl(path: str | Path, default_subset: str = "all") -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise PromptError(f"prompt file {path} does not exist; set prompts.path to a JSONL file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise PromptError(f"{path} line {line}: not UTF-8 (byte {data[e.start]:#04x}); re-encode the file as UTF-8, e.g. "
+                          f"iconv -f latin1 -t utf-8 {path} > fixed.jsonl") from None
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             out.append(_parse_line(line, f"{path} line {n}", len(out), default_subset))
     return out

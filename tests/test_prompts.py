@@ -189,3 +189,10 @@ def test_render_builtin_through_the_target_tokenizer(qwen3_target):
     p = load_prompts("builtin", num_prompts=1)[0]
     ids = render(p, qwen3_target.tokenizer, {"enable_thinking": False})
     assert ids[0] == 3 and ids[-2:] == GEN_PROMPT_THINKING_OFF
+
+
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"prompt": "fine"}\n{"prompt": "café"}\n'.encode("latin-1"))
+    with pytest.raises(PromptError, match=r"latin1.jsonl line 2: not UTF-8 \(byte 0xe9\)"):
+        read_jsonl(path)
