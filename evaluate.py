@@ -2,8 +2,8 @@
 
 Composes conf/ into the typed, strict config (dflash/config.py), opens an MLflow run (a child of
 the sweep's parent in a `-m` sweep), runs the pipeline (load -> references -> features -> replay
--> metrics), logs the result (`log_result`; the layout is in dflash/tracking.py), prints a summary.
-Exit policy (dflash/config.py): bad input exits 2 with a message that says what to fix, a bug 1
+-> metrics), logs the result (`log_result`; the layout is in dflash/tracking/__init__.py), prints a summary.
+Exit policy (dflash/entry.py): bad input exits 2 with a message that says what to fix, a bug 1
 with a traceback, Ctrl-C / SIGTERM 130 / 143; the run ends FAILED or KILLED, never RUNNING. A
 sweep runs every job; if one failed, its parent ends FAILED and the process exits 1.
 """
@@ -20,7 +20,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dflash import config as config_mod
-from dflash.config import EvalConfig, JobContext
+from dflash import entry
+from dflash.config import EvalConfig
+from dflash.entry import JobContext
 
 config_mod.register()
 
@@ -91,8 +93,8 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    return config_mod.run_job(evaluate, cfg)
+    return entry.run_job(evaluate, cfg)
 
 
 if __name__ == "__main__":
-    config_mod.main(main)
+    entry.main(main)

@@ -1,6 +1,6 @@
 """Benchmark: every cost ratio of the evaluator, measured in one run. Prints figures only.
 
-    python -m dflash.bench [--sweep 2] [--online 12] [--skip generation,scale] [--scale qwen3_8b] [overrides...]
+    python -m dflash.bench [--sweep 2] [--online 12] [--skip generation,scale] [--scale qwen3_8b] [--scale-prompts N] [overrides...]
 
 Sections (each a ratio of two times or sizes measured here, in this run):
 1. `sweep`: one evaluation as a new process runs it (target loaded from its converted copy,
@@ -117,7 +117,8 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str
         f"sweep {wn:.2f} s: {wn / w1:.2f}x one run (target <= 1.4x for 2)" + procs,
         f"  a new process with features on disk: features {r3.timings['features']:.3f} s = {r3.timings['features'] / f1:.1%} of the first run's "
         f"(target <= 20%), run {w3:.2f} s",
-        f"  warm per checkpoint (target loaded, features in memory): {warm:.2f} s (replay {rw.timings.get('replay', 0):.2f} s)",
+        f"  warm per checkpoint (target loaded, features in memory): {warm:.2f} s ("
+        + ", ".join(f"{k} {v:.3f}" for k, v in rw.timings.items()) + f"; outside the stages {warm - sum(rw.timings.values()):.3f})",
         f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over {int(r1.metrics['prompts'])} prompts",
     ]
     return "\n".join(lines), r1, warm
@@ -200,10 +201,13 @@ def scale_child(where: str, lengths: list[int], device: str) -> None:
                       "tokens": sum(lengths), "taps": taps}))
 
 
-def scale(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, shape: str) -> str:
-    lengths = [len(r.prompt_ids) + len(r.reference) for r in res.prompts]
+def scale(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, shape: str, prompts: int | None = None) -> str:
+    lengths = [len(r.prompt_ids) + len(r.reference) for r in res.prompts][:prompts]
+    timed = sum(lengths) / sum(len(r.prompt_ids) + len(r.reference) for r in res.prompts)  # SmolLM2's feature time, scaled to these tokens
     device = "cuda" if torch.cuda.is_available() and cfg.device.name != "cpu" else "cpu"
-    where = str(random_target(shape, cfg.cache_dir, res.tokenizer)) if device == "cpu" else shape
+    t = cfg.target
+    tokenizer = target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context).tokenizer  # saved beside the random weights
+    where = str(random_target(shape, cfg.cache_dir, tokenizer)) if device == "cpu" else shape
     out = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-child", where, device, json.dumps(lengths)],
                          capture_output=True, text=True)
     if out.returncode:
@@ -211,8 +215,8 @@ def scale(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, shape: str) -> s
     r = json.loads(out.stdout.strip().splitlines()[-1])
     rss = (f", peak RSS {r['peak_rss'] / 1e9:.2f} GB = {r['peak_rss'] / r['weights']:.2f}x the weights (target <= 1.3x)" if device == "cpu" else "")
     return (f"scale: random {shape} ({r['weights'] / 1e9:.2f} GB of bf16 weights, taps {r['taps']}), feature pass over {r['tokens']} tokens "
-            f"on {device}: {r['seconds']:.2f} s{rss}; SmolLM2 on the same tokens: {res.timings['features']:.2f} s "
-            f"({r['seconds'] / max(res.timings['features'], 1e-9):.0f}x)")
+            f"on {device}: {r['seconds']:.2f} s{rss}; SmolLM2 on the same tokens: {res.timings['features'] * timed:.2f} s "
+            f"({r['seconds'] / max(res.timings['features'] * timed, 1e-9):.0f}x)")
 
 
 def main() -> None:
@@ -221,6 +225,7 @@ def main() -> None:
     ap.add_argument("--online", type=int, default=12, help="prompts for the online loop")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, online, generation, scale")
     ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES), help="the random target shape of the scale section")
+    ap.add_argument("--scale-prompts", type=int, default=None, help="the first N prompts' tokens in the scale section (default: all)")
     ap.add_argument("--scale-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
@@ -247,10 +252,16 @@ def main() -> None:
             report.append(text)
             print(text, flush=True)
         for name, fn in (("online", lambda: online(cfg, res, warm, a.online)),
-                         ("generation", lambda: generation(cfg, res)), ("scale", lambda: scale(cfg, res, a.scale))):
-            if name not in skip and (text := fn()):
-                report.append(text)
-                print(text, flush=True)
+                         ("generation", lambda: generation(cfg, res)), ("scale", lambda: scale(cfg, res, a.scale, a.scale_prompts))):
+            if name in skip:
+                continue
+            try:
+                text = fn()
+            except Exception as e:  # the other sections' figures still reach the summary
+                log.exception("bench: section %s failed", name)
+                text = f"{name}: failed: {type(e).__name__}: {e}"
+            report.append(text)
+            print(text, flush=True)
     print("\n== summary\n" + "\n".join(report))
 
 

@@ -46,7 +46,7 @@ from dflash.drafter_config import DrafterConfig, build_target_layer_ids, parse_c
 from dflash.errors import CheckpointError
 from dflash.progress import log
 from dflash.references import atomic_write_text
-from dflash.target import sha256_file
+from dflash.weights import sha256_file
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")

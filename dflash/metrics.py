@@ -1,6 +1,6 @@
 """Metrics: raw counters per prompt, and every ratio derived from their sums (DFLASH.md §3).
 
-Conventions (named here; dflash/tracking.py logs them under these names):
+Conventions (named here; dflash.tracking logs them under these names):
 - `acceptance_length` τ: committed tokens per verify step, bonus included (plain decoding = 1);
   token-weighted over all steps. `acceptance_length_macro`: mean of per-prompt τ (what DFlash's
   benchmark prints). `mean_accepted` = τ - 1 is gpt-fast's "mean accepted" (bonus excluded).

@@ -1,7 +1,7 @@
 """The evaluation pipeline: config -> load -> references -> features -> replay -> metrics.
 
 `run(cfg)` takes the typed config (`dflash.config.EvalConfig`) and returns an `EvalResult`: plain
-typed data, no tracking. evaluate.py hands the result to tracking.py. Every stage announces
+typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
 itself (dflash.progress) and is timed (`EvalResult.timings`, seconds) so the README can report
 where time goes.
 """

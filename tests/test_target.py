@@ -306,12 +306,13 @@ def test_non_finite_target_weights_are_refused_naming_the_tensor(qwen3_dir, tmp_
 
 def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_path, monkeypatch):
     import dflash.target as T
+    import dflash.weights as W
 
     folder, cache = tmp_path / "m", tmp_path / "cache"
     shutil.copytree(qwen3_dir, folder)
     checked = []
-    real = T.check_finite
-    monkeypatch.setattr(T, "check_finite", lambda named, what: checked.append(what) or real(named, what))
+    real = W.check_finite
+    monkeypatch.setattr(W, "check_finite", lambda named, what: checked.append(what) or real(named, what))
     monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 0)  # remembered however small (the default skips tiny models)
     for dtype in ("float32", "float32", "bfloat16", "float32"):
         T._LAST = None  # a new process
@@ -333,19 +334,19 @@ def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_pat
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A stand-in for the GGUF conversion: the real load_target / _atomic_save_dir path, with the GGUF
+# A stand-in for the GGUF conversion: the real load_target / weights._atomic_save_dir path, with the GGUF
 # reading replaced by a tiny Qwen3 (the signal arrives while `phase` stalls).
 CONVERT_SCRIPT = r"""
 import signal, sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from conftest import make_tokenizer, qwen3_config
-from dflash import errors, target as T
+from dflash import errors, target as T, weights as W
 
 errors.install_signal_handlers()
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
 gguf, cache, ready, phase = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
-T._gguf_metadata = lambda g: (qwen3_config(), make_tokenizer())
+W.gguf_metadata = lambda g: (qwen3_config(), make_tokenizer())
 
 def convert(g, tmp):
     from transformers import Qwen3ForCausalLM
@@ -354,7 +355,7 @@ def convert(g, tmp):
     ready.write_text(str(tmp))
     time.sleep(120)
 
-T._convert_gguf = convert
+W._convert_gguf = convert
 try:
     T.load_target("gguf", str(gguf), cache_dir=cache)
 except BaseException as e:
@@ -397,13 +398,13 @@ def test_a_signal_during_the_gguf_conversion_removes_the_temporary_folder(tmp_pa
 
 
 def test_a_hard_killed_conversion_is_cleaned_up_by_the_next_one(tmp_path, monkeypatch):
-    import dflash.target as T
+    import dflash.weights as W
     from conftest import make_tokenizer, qwen3_config
 
     gguf, cache, tmp, rc = _interrupted_conversion(tmp_path, signal.SIGKILL, "save")
     assert rc == -signal.SIGKILL and tmp.is_dir()  # nothing runs on SIGKILL
-    monkeypatch.setattr(T, "_gguf_metadata", lambda g: (qwen3_config(), make_tokenizer()))
-    monkeypatch.setattr(T, "_convert_gguf", _fast_convert)
+    monkeypatch.setattr(W, "gguf_metadata", lambda g: (qwen3_config(), make_tokenizer()))
+    monkeypatch.setattr(W, "_convert_gguf", _fast_convert)
     t = load_target("gguf", str(gguf), cache_dir=str(cache))
     assert not tmp.exists()
     assert (cache / "targets" / t.identity / "config.json").is_file() and t.num_layers == 6

@@ -1,4 +1,4 @@
-"""dflash/tracking.py in process, on a temporary SQLite store: stale runs and the reap command, what a
+"""dflash.tracking in process, on a temporary SQLite store: stale runs and the reap command, what a
 run logs (undefined values skipped, curves beside scalars), the ending of a run on each kind of exit,
 and the evaluation experiment's saved view."""
 
@@ -35,7 +35,7 @@ def test_reap_ends_only_runs_whose_process_is_gone(uri, capsys):
     dead.wait()
     ids = {
         "dead": _running(client, exp, "dead", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(dead.pid)}),
-        "alive": _running(client, exp, "alive", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: tracking._start_ticks(me) or ""}),
+        "alive": _running(client, exp, "alive", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: tracking.start_ticks(me) or ""}),
         "reused pid": _running(client, exp, "reused", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: "1"}),
         "other host": _running(client, exp, "other", **{tracking.HOST_TAG: host + "-elsewhere", tracking.PID_TAG: "1"}),
     }
@@ -54,28 +54,28 @@ def test_a_run_logs_what_is_defined_and_records_its_process(uri):
         run.log_params({"drafter": {"step": None, "kind": "training"}, "taps": [1, 2]})
         run.log_params({"drafter.step": 7, "drafter.kind": "ignored: logged already"})
         run.log_metrics({"acceptance_length": 1.5, "undefined": None, "nan": math.nan}, curves={"by_position/accept_rate": [0.5, None, 0.1]})
-    r = tracking._client(uri).get_run(run.run_id)
+    r = tracking.mlflow_client(uri).get_run(run.run_id)
     assert r.info.status == "FINISHED" and r.data.params == {"drafter.kind": "training", "taps": "[1, 2]", "drafter.step": "7"}
     assert set(r.data.metrics) == {"acceptance_length", "by_position/accept_rate"}
-    hist = tracking._client(uri).get_metric_history(run.run_id, "by_position/accept_rate")
+    hist = tracking.mlflow_client(uri).get_metric_history(run.run_id, "by_position/accept_rate")
     assert sorted((m.step, m.value) for m in hist) == [(1, 0.5), (3, 0.1)]  # slot 2 undefined: no point, not 0
     t = r.data.tags
     assert t["dflash.pid"] == str(os.getpid()) and t["dflash.host"] == socket.gethostname() and "nothing" not in t
     assert t["mlflow.source.git.commit"] and t["mlflow.source.git.dirty"] in ("true", "false") and "git_commit" not in t
-    exp = tracking._client(uri).get_experiment(run.experiment_id)
+    exp = tracking.mlflow_client(uri).get_experiment(run.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3 opens it as model training, not GenAI
 
 
 @pytest.mark.parametrize("exc, status, tag", [(ValueError("boom"), "FAILED", "error"), (KeyboardInterrupt(), "KILLED", "dflash.killed"),
                                               (Terminated("terminated by signal 15"), "KILLED", "dflash.killed")])
 def test_every_exit_ends_the_run_and_a_signal_its_sweep_parent(uri, exc, status, tag):
-    from dflash.config import SweepInfo
+    from dflash.entry import SweepInfo
 
     sweep = SweepInfo("abc123", "sweep drafter.seed=0,1", "/tmp/multi")
     with pytest.raises(type(exc)):
         with tracking.Run(uri, "dflash/x", "d@step_1", sweep=sweep) as run:
             raise exc
-    c = tracking._client(uri)
+    c = tracking.mlflow_client(uri)
     r, parent = c.get_run(run.run_id), c.get_run(run.parent_id)
     assert r.info.status == status and tag in r.data.tags and r.data.tags[tracking.SWEEP_TAG] == "abc123"
     assert parent.info.status == ("KILLED" if status == "KILLED" else "RUNNING")  # a failed job leaves the sweep going
@@ -94,7 +94,7 @@ def test_saved_view_puts_tau_and_curves_first_and_learns_new_subsets(uri):
         run.setup_eval_experiment(["fresh", "train_like"])
         run.setup_eval_experiment(["fresh"])  # nothing new: unchanged
         run.setup_eval_experiment(["humaneval"])
-    tags = tracking._client(uri).get_experiment(run.experiment_id).tags
+    tags = tracking.mlflow_client(uri).get_experiment(run.experiment_id).tags
     view = json.loads(tags["mlflow.sharedViewState.dflash"])
     state = json.loads(view["state"])
     assert view["name"] == "dflash: τ and curves" and "τ" in tags["mlflow.note.content"]

@@ -1,0 +1,240 @@
+"""The MLflow store: opening it under a lock, experiments, process identity and stale runs, source
+tags, a sweep's parent, reading finished runs back; `main` is `python -m dflash.tracking`."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from dflash.errors import TrackingError
+
+SWEEP_TAG = "dflash.sweep_id"
+ROLE_TAG = "dflash.role"  # "sweep" on a sweep's parent
+PARENT_TAG = "mlflow.parentRunId"
+NOTE_TAG = "mlflow.note.content"
+HOST_TAG, PID_TAG, PID_START_TAG = "dflash.host", "dflash.pid", "dflash.pid_start"
+VIEW_KEY = "dflash"  # the evaluation experiment's saved view: mlflow.sharedViewState.dflash
+MAX_TAG = 7900  # MLflow keeps 8000 characters of a run tag
+
+
+def mlflow_client(uri: str):
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """An exclusive file lock beside the SQLite store (or in the cache for other stores)."""
+    if uri.startswith("sqlite:///"):
+        lock = Path(uri[len("sqlite:///") :] + ".lock")
+    else:
+        lock = Path.home() / ".cache" / "dflash-eval" / "mlflow.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        f = open(lock, "w")
+    except OSError as e:
+        raise TrackingError(f"cannot write beside the MLflow store {uri} ({e.strerror}: {e.filename}); pass a writable "
+                            "tracking.uri=sqlite:///<folder>/mlflow.db, or tracking.enabled=false") from None
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def open_store(uri: str):
+    """A client on a created / migrated store (call under store_lock): TrackingError if it cannot be used."""
+    client = mlflow_client(uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as e:
+        raise TrackingError(f"cannot open the MLflow store {uri}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; pass a "
+                            "writable tracking.uri=sqlite:///<folder>/mlflow.db, or tracking.enabled=false") from None
+    return client
+
+
+def _check_artifacts_writable(location: str) -> None:
+    if not location.startswith("file:"):
+        return  # a remote artifact store answers for itself
+    from urllib.parse import unquote, urlparse
+
+    path = Path(unquote(urlparse(location).path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise TrackingError(f"cannot write MLflow artifacts to {path} ({e.strerror}); pass a writable tracking.artifact_location=..., "
+                            "run from a writable folder, or tracking.enabled=false") from None
+
+
+def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
+    """The experiment's id, created (as a model-training experiment) when missing; its artifacts checked writable."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        loc = artifact_location or (Path("mlruns").resolve() / name.replace("/", "_")).as_uri()
+        _check_artifacts_writable(loc)
+        return client.create_experiment(name, artifact_location=loc, tags={"mlflow.experimentKind": "custom_model_development"})
+    _check_artifacts_writable(exp.artifact_location)
+    if "mlflow.experimentKind" not in exp.tags:  # created by an older dflash-eval
+        client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", "custom_model_development")
+    return exp.experiment_id
+
+
+# --- process identity and stale runs -------------------------------------------------------------
+
+
+def start_ticks(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22); None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # fields after the (command), which may hold spaces
+
+
+def process_tags() -> dict[str, str]:
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_START_TAG: start_ticks(os.getpid()) or ""}
+
+
+def process_alive(pid: int, start: str | None) -> bool:
+    """Whether the process that started the run still runs (same pid and, where known, same start time)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    now = start_ticks(pid)
+    return not (start and now and now != start)
+
+
+def reap(client, run_ids: Sequence[str] = ()) -> list[tuple[str, str, str]]:
+    """End KILLED the RUNNING runs of this host whose process is gone (and `run_ids`, whatever their
+    host): -> [(run id, name, why)]. Runs of other hosts are left alone: their processes cannot be seen."""
+    host = socket.gethostname()
+    exps = [e.experiment_id for e in client.search_experiments()]
+    found = []
+    if exps:
+        found = client.search_runs(exps, f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=5000)
+    for r in run_ids:
+        try:
+            found.append(client.get_run(r))
+        except Exception:
+            raise TrackingError(f"no run {r!r} in this store") from None
+    out = []
+    for r in found:
+        t = r.data.tags
+        forced = r.info.run_id in run_ids
+        if r.info.status != "RUNNING" or (not forced and PID_TAG in t and process_alive(int(t[PID_TAG]), t.get(PID_START_TAG))):
+            continue
+        why = (f"ended by `python -m dflash.tracking reap --run` on {host} at {time.strftime('%Y-%m-%d %H:%M:%S')}" if forced else
+               f"process {t.get(PID_TAG)} on {host} is gone (killed hard?); found at {time.strftime('%Y-%m-%d %H:%M:%S')} by a later start")
+        client.set_tag(r.info.run_id, "dflash.killed", why)
+        client.set_terminated(r.info.run_id, "KILLED")
+        out.append((r.info.run_id, r.info.run_name, why))
+    return out
+
+
+# --- what every run carries ----------------------------------------------------------------------
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's own source tags (mlflow.source.name / type / git.commit / git.branch, mlflow.user) and
+    mlflow.source.git.dirty for the code that runs."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    tags = {k: v for k, v in resolve_tags().items() if k.startswith("mlflow.source.") or k == "mlflow.user"}
+    try:
+        here = Path(__file__).parent
+        tags.setdefault("mlflow.source.git.commit", subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here).stdout.strip())
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
+        tags["mlflow.source.git.dirty"] = "true" if dirty else "false"
+    except (OSError, subprocess.CalledProcessError):
+        pass  # not a git checkout
+    return tags
+
+
+def library_versions() -> dict[str, str]:
+    import mlflow
+    import torch
+    import transformers
+
+    return {"version.python": platform.python_version(), "version.torch": torch.__version__, "version.transformers": transformers.__version__, "version.mlflow": mlflow.__version__}
+
+
+
+# --- a sweep's parent -------------------------------------------------------------------------------
+
+
+def sweep_parent(client, experiment_id: str, sweep: Any) -> str:
+    """The run id of the sweep's parent in this experiment, created if missing (call under store_lock)."""
+    found = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = '{sweep.id}' and tags.`{ROLE_TAG}` = 'sweep'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    tags = {SWEEP_TAG: sweep.id, ROLE_TAG: "sweep", "dflash.sweep_dir": sweep.dir, **source_tags(), **process_tags(),
+            NOTE_TAG: f"A `-m` sweep (`{sweep.name}`), running: its children are the jobs. When it ends this run holds their comparison."}
+    return client.create_run(experiment_id, run_name=sweep.name, tags=tags).info.run_id
+
+
+# --- reading runs back ---------------------------------------------------------------------------
+
+
+def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
+    """A run id -> [(id, name)]; a run name -> its FINISHED runs, newest first."""
+    client = mlflow_client(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    if not exps:
+        return []
+    found = client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'") if len(run) == 32 and run.isalnum() else []
+    if not found:
+        found = client.search_runs(exps, filter_string=f"attributes.run_name = '{run}' and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"], max_results=limit)
+    return [(r.info.run_id, r.info.run_name) for r in found]
+
+
+def load_per_prompt(uri: str, run_id: str) -> list[dict[str, Any]]:
+    """The per-prompt rows an evaluation run logged as per_prompt.json."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bar on the console
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            path = mlflow_client(uri).download_artifacts(run_id, "per_prompt.json", d)
+        except Exception as e:
+            raise TrackingError(f"run {run_id} has no per_prompt.json: is it an evaluation run that finished? ({e})") from e
+        table = json.loads(Path(path).read_text())
+    return [dict(zip(table["columns"], row)) for row in table["data"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dflash.tracking reap [--uri URI] [--run RUN_ID ...]`: end runs left RUNNING by a hard kill."""
+    ap = argparse.ArgumentParser(prog="python -m dflash.tracking", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("reap", help="end KILLED this host's RUNNING runs whose process is gone (and --run ones, whatever their host)")
+    r.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
+    r.add_argument("--run", action="append", default=[], metavar="RUN_ID", help="also end this run KILLED (e.g. one left by another machine)")
+    args = ap.parse_args(argv)
+    try:
+        with store_lock(args.uri):
+            done = reap(open_store(args.uri), args.run)
+    except TrackingError as e:
+        print(f"dflash.tracking: error: {e}", file=sys.stderr)
+        return 2
+    for run_id, name, why in done:
+        print(f"KILLED {name} ({run_id}): {why}")
+    print(f"{len(done)} run(s) ended KILLED" if done else "no run left RUNNING by a process that is gone")
+    return 0
+
+
