@@ -110,7 +110,7 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str
     procs = ""
     if cfg.drafter.kind == "training" and len({j.drafter.step for j in jobs}) == n:
         p1, pn = evaluate_processes(cfg, overrides, jobs)
-        procs = f"\n  as processes (python evaluate.py, MLflow included): one run {p1:.1f} s, the -m sweep {pn:.1f} s: {pn / p1:.2f}x one run"
+        procs = f"\n  as processes (python evaluate.py, {'MLflow included' if cfg.tracking.enabled else 'tracking disabled'}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: {pn / p1:.2f}x one run"
     lines = [
         f"sweep of {n} checkpoints ({names}) in one process vs one single run:",
         f"  single run {w1:.2f} s (features {f1:.2f} s, replay {r1.timings.get('replay', 0):.2f} s, load target {r1.timings.get('load_target', 0):.2f} s); "
