@@ -23,6 +23,7 @@ from dflash import config as config_mod
 from dflash import entry
 from dflash.config import EvalConfig
 from dflash.entry import JobContext
+from dflash.progress import configure
 
 config_mod.register()
 
@@ -75,6 +76,7 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
     from dflash import pipeline, report, tracking
 
     c = config_mod.to_object(cfg)
+    configure(c.progress)
     if c.device.gpu_per_job and ctx.job_num is not None:
         c.device.name = pipeline.job_device(c.device.name, ctx.job_num)
     tc = c.tracking

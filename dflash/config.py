@@ -144,6 +144,7 @@ class EvalConfig:
     anchors_per_chunk: Optional[int] = None  # anchors per drafter pass; null: 32 on CPU, 256 on CUDA
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
     scores: bool = False  # also the reference token's NLL and the drafter's confidence (~30% more replay on CPU)
+    progress: bool = True  # stage lines and progress bars (dflash.progress); false: warnings only
 
 
 def register() -> None:

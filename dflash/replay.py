@@ -119,21 +119,31 @@ def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_
 
 
 def teacher_forced(
-    seq: list[int], first_anchor: int, proposals: list[list[int]], c: Counters,
-    nll: list[list[float]] | None = None, conf: list[list[float]] | None = None,
+    seq: list[int] | Tensor, first_anchor: int, proposals: list[list[int]] | Tensor, c: Counters,
+    nll: list[list[float]] | Tensor | None = None, conf: list[list[float]] | Tensor | None = None,
 ) -> None:
     """Add slot-k accuracy over every anchor to c (slot k right regardless of earlier slots), and
-    with `nll`/`conf` (draft_every_anchor's) the reference token's NLL and the top-1 probability."""
-    T = len(seq)
-    for i, prop in enumerate(proposals):
-        p = first_anchor + i
-        for k in range(1, c.block_size):
-            if p + k < T:
-                c.tf_total[k - 1] += 1
-                c.tf_correct[k - 1] += int(prop[k - 1] == seq[p + k])
-                if nll is not None and conf is not None:
-                    c.tf_nll[k - 1] += nll[i][k - 1]
-                    c.tf_conf[k - 1] += conf[i][k - 1]
+    with `nll`/`conf` (draft_every_anchor's) the reference token's NLL and the top-1 probability.
+    One masked comparison over all anchors, on the proposals' device."""
+    props = torch.as_tensor(proposals, dtype=torch.long)
+    K = c.block_size - 1
+    if props.numel() == 0:
+        return
+    props = props.reshape(-1, K)  # [A, K]
+    s = torch.as_tensor(seq, dtype=torch.long, device=props.device)
+    T = s.shape[0]
+    pos = first_anchor + torch.arange(props.shape[0], device=props.device)[:, None] + torch.arange(1, K + 1, device=props.device)  # [A, K]
+    valid = pos < T  # slot k has a label
+    hit = (props == s[pos.clamp(max=T - 1)]) & valid
+
+    def add(acc: list, v: Tensor) -> list:  # counters stay plain Python numbers
+        return [a + b for a, b in zip(acc, v.tolist())]
+
+    c.tf_total, c.tf_correct = add(c.tf_total, valid.sum(0)), add(c.tf_correct, hit.sum(0))
+    if nll is not None and conf is not None:
+        for name, x in (("tf_nll", nll), ("tf_conf", conf)):
+            x = torch.as_tensor(x, dtype=torch.float64, device=props.device).reshape(-1, K)
+            setattr(c, name, add(getattr(c, name), torch.where(valid, x, 0.0).sum(0)))
 
 
 def evaluate_sequence(
@@ -150,7 +160,6 @@ def evaluate_sequence(
     seq = prompt_ids + completion_ids
     P = len(prompt_ids)
     props, nll, conf = draft_every_anchor(drafter, target, torch.tensor(seq, device=target.device), taps, P, backend, anchors_per_chunk, see_anchor, scores)
-    props = props.tolist()
-    c, blocks = replay(seq, P, props, drafter.cfg.block_size)
-    teacher_forced(seq, P, props, c, *((nll.tolist(), conf.tolist()) if nll is not None and conf is not None else ()))
+    c, blocks = replay(seq, P, props.tolist(), drafter.cfg.block_size)
+    teacher_forced(seq, P, props, c, nll, conf)
     return c, blocks

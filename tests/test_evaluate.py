@@ -42,6 +42,8 @@ def test_default_evaluation_logs_everything(tmp_path):
     r = evaluate(tmp_path, *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "acceptance length τ" in r.stdout and "τ per subset" in r.stdout and "MLflow: run" in r.stdout
+    for stage in ("target:", "prompts:", "references (local):", "features:", "replay:"):  # each stage announces itself,
+        assert stage in r.stderr and stage in (tmp_path / "out" / "evaluate.log").read_text()  # in Hydra's job log too
     (run,) = runs(tmp_path)
     assert run.info.status == "FINISHED"
     m = run.data.metrics
@@ -76,8 +78,9 @@ def test_default_evaluation_logs_everything(tmp_path):
 
 
 def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
-    r = evaluate(tmp_path, "-m", "drafter.step=1633,5037", "scores=true", *FAST)  # two steps of the shipped fixed run
+    r = evaluate(tmp_path, "-m", "drafter.step=1633,5037", "scores=true", "progress=false", *FAST)  # two steps of the shipped fixed run
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "features:" not in r.stderr and "replay:" not in r.stderr  # progress=false: no stage lines
     all_runs = runs(tmp_path)
     parents = [x for x in all_runs if x.data.tags.get("dflash.role") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].info.run_name == "sweep drafter.step=1633,5037"
