@@ -127,7 +127,7 @@ def test_html_marks_accepted_rejected_and_bonus(byte_tok):
     assert spans == [("pre", "a"), ("acc", "b"), ("acc", "c"), ("rej", "#"), ("bonus", "d"), ("acc", "e"), ("acc", "f"), ("acc", "g")]
     for cls in ("acc", "rej", "bonus", "pre"):  # each class has its own colour, and the legend shows it
         assert re.search(rf"\.{cls} {{ background: #[0-9a-f]{{6}}", CSS)
-        assert f'<p class="legend">' in page and f'<span class="{cls}">' in page.split("</p>")[0]
+        assert '<p class="legend">' in page and f'<span class="{cls}">' in page.split("</p>")[0]
     assert "τ = 3.000 over 2 verify steps" in page  # the prompt's τ
     assert "run&lt;1&gt;" in page and "p&lt;1&gt;" in page
 
