@@ -325,7 +325,19 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
         layer_types=layer_types, sliding_window=window, mask_token=dv["mask_token"], extra=extra,
     )
     rotary_parameters(cfg)  # transformers computes this rope, or the config is refused now
+    if cfg.rope_parameters["rope_type"] == "dynamic":
+        warnings.append(_dynamic_rope_warning(cfg))
     return cfg, warnings
+
+
+def _dynamic_rope_warning(cfg: DrafterConfig) -> str:
+    """transformers and the serving engines disagree on dynamic NTK rope: say which one is evaluated."""
+    rp, d = cfg.rope_parameters, cfg.head_dim
+    f, theta = float(rp.get("factor", 1.0)), float(rp["rope_theta"])
+    served = theta * (f * f - f + 1) ** (d / (d - 2))  # SGLang / vLLM: the base scaled for max_position_embeddings * factor
+    return (f"rope_type dynamic (factor {f:g}): evaluated as transformers computes it, the unscaled base {theta:g} up to "
+            f"max_position_embeddings={cfg.max_position_embeddings}; SGLang and vLLM serve dynamic NTK with a fixed base "
+            f"{served:.6g} at every position, so a served drafter with this config does not compute what is measured here")
 
 
 # --- rotary: transformers' own initialisation ------------------------------------------------------
@@ -338,9 +350,10 @@ def rotary_parameters(cfg: DrafterConfig):
 
     The position limit: dynamic and longrope change their frequencies with the sequence length in
     transformers' forward (from `max_position_embeddings` / `original_max_position_embeddings` on),
-    statefully, so what a loop computes there depends on its history (and SGLang's dynamic rope uses
-    a fixed scaled base instead): sequences must stay within the limit, where both are the static
-    initial frequencies. transformers 5.17's forward multiplies positions by inv_freq in a float32
+    statefully, so what a loop computes there depends on its history: sequences must stay within the
+    limit, where transformers uses its initial frequencies. Within it, SGLang's longrope uses the
+    same short factors; SGLang's (and vLLM's) dynamic rope does not: it serves a fixed base scaled
+    for `max_position_embeddings * factor` at every position, which `parse_config` warns about. transformers 5.17's forward multiplies positions by inv_freq in a float32
     matmul (TF32-rounded when TF32 is on) and 5.24's elementwise: `dflash.drafter.Rotary` computes
     the product elementwise from these values, identical to 5.24's forward.
     """

@@ -223,6 +223,17 @@ def test_batched_anchors_equal_single_anchors_with_a_window(qwen3_target, tmp_pa
             torch.testing.assert_close(batched[0, n], single[0, 0], atol=1e-5, rtol=1e-4)
 
 
+def test_dynamic_rope_warns_that_the_serving_engines_compute_another_base(tmp_path):
+    """transformers: the unscaled base within max_position_embeddings; SGLang / vLLM: a base scaled for
+    max_position_embeddings * factor at every position. The run says which one it evaluates."""
+    src = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", {"rope_parameters": ROPES["dynamic"]})))
+    (w,) = src.warnings
+    served = 10000.0 * (2.0 * 2.0 - 2.0 + 1) ** (D / (D - 2))  # factor 2
+    assert "evaluated as transformers computes it" in w and f"fixed base {served:.6g}" in w
+    other = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "y", {"rope_parameters": YARN})))
+    assert other.warnings == []
+
+
 # --- DFlash's own fields ---------------------------------------------------------------------------
 
 
