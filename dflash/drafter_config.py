@@ -10,6 +10,9 @@ and takes every architectural value from that object. DFlash's fields follow SGL
 - `block_size`, `target_layer_ids`, `mask_token_id`, `num_target_layers` (and `mask_token`) come
   from `dflash_config` first, then the top level; when both exist and differ, a warning names both
   and the one used. Overrides (`drafter.block_size`, ...) fill only what the checkpoint lacks.
+- Rope: transformers' frequencies and attention scaling. Where SGLang / vLLM serve the same config
+  differently, a warning gives both: dynamic NTK (the engines use a fixed scaled base at every
+  position) and yarn / longrope `attention_factor`, `mscale`, `mscale_all_dim` (the engines ignore them).
 - No `target_layer_ids`: the public rule, one tap per draft layer (`build_target_layer_ids`),
   resolved against the target in phase 2 (dflash.checkpoint). No `mask_token_id`: `mask_token`
   is looked up in the target's tokenizer, also in phase 2.
@@ -327,7 +330,37 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     rotary_parameters(cfg)  # transformers computes this rope, or the config is refused now
     if cfg.rope_parameters["rope_type"] == "dynamic":
         warnings.append(_dynamic_rope_warning(cfg))
+    if (w := _attention_scaling_warning(cfg)) is not None:
+        warnings.append(w)
     return cfg, warnings
+
+
+def _served_attention_scaling(cfg: DrafterConfig) -> float | None:
+    """The attention scaling SGLang's yarn / longrope apply (they read neither `attention_factor` nor
+    `mscale` / `mscale_all_dim`); None for the other rope types, which have none."""
+    rp = cfg.rope_parameters
+    if rp["rope_type"] == "yarn":
+        f = float(rp.get("factor") or 1.0)
+        return 0.1 * math.log(f) + 1.0 if f > 1 else 1.0
+    if rp["rope_type"] == "longrope":
+        orig = rp.get("original_max_position_embeddings") or cfg.max_position_embeddings
+        scale = cfg.max_position_embeddings / orig
+        return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    return None
+
+
+def _attention_scaling_warning(cfg: DrafterConfig) -> str | None:
+    """transformers' yarn / longrope honour `attention_factor` (and yarn `mscale` / `mscale_all_dim`); the
+    serving engines do not: say so when that changes the scaling."""
+    served = _served_attention_scaling(cfg)
+    if served is None:
+        return None
+    _, hf, _ = rotary_parameters(cfg)
+    if math.isclose(hf, served, rel_tol=1e-6):
+        return None
+    return (f"rope_type {cfg.rope_parameters['rope_type']}: attention scaling {hf:.6g} as transformers computes it (from "
+            f"attention_factor / mscale); SGLang and vLLM ignore those keys and apply {served:.6g}, so a served drafter with this "
+            "config does not compute what is measured here")
 
 
 def _dynamic_rope_warning(cfg: DrafterConfig) -> str:

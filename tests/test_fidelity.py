@@ -14,6 +14,7 @@ Refusals have their own file (tests/test_refusals.py).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -230,8 +231,17 @@ def test_dynamic_rope_warns_that_the_serving_engines_compute_another_base(tmp_pa
     (w,) = src.warnings
     served = 10000.0 * (2.0 * 2.0 - 2.0 + 1) ** (D / (D - 2))  # factor 2
     assert "evaluated as transformers computes it" in w and f"fixed base {served:.6g}" in w
-    other = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "y", {"rope_parameters": YARN})))
-    assert other.warnings == []
+    for name in ("default", "linear", "yarn", "longrope", "llama3"):  # where transformers and the engines agree: no warning
+        other = read_drafter("hf", "x", path=str(write_drafter(tmp_path / name, {"rope_parameters": ROPES[name]})))
+        assert other.warnings == [], name
+
+
+@pytest.mark.parametrize("extra, hf", [({"attention_factor": 0.8}, "0.8"), ({"mscale": 1.0, "mscale_all_dim": 0.5}, "1.06482")])
+def test_yarn_attention_keys_the_engines_ignore_are_named(tmp_path, extra, hf):
+    """transformers' yarn honours attention_factor / mscale; SGLang's and vLLM's read neither (0.1 ln 4 + 1)."""
+    src = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", {"rope_parameters": {**YARN, **extra}})))
+    (w,) = src.warnings
+    assert f"attention scaling {hf} as transformers computes it" in w and f"apply {0.1 * math.log(4.0) + 1:.6g}" in w
 
 
 # --- DFlash's own fields ---------------------------------------------------------------------------
