@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ from dflash.drafter import DFlashDrafter
 from dflash.drafter_config import DrafterConfig, build_target_layer_ids, parse_config, rotary_parameters
 from dflash.errors import CheckpointError
 from dflash.progress import log
-from dflash.references import atomic_write_text
+from dflash.files import atomic_dir, atomic_write
 from dflash.weights import sha256_file
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
@@ -401,30 +399,13 @@ def save_hf_folder(model: DFlashDrafter, folder: str | Path, dtype: torch.dtype 
     """config.json + model.safetensors, written to a temp folder and renamed."""
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(sd, str(tmp / "model.safetensors"))
-    atomic_write_text(tmp / "config.json", json.dumps(model.cfg.to_hf(), indent=2))
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
-    os.rename(tmp, folder)
+    with atomic_dir(folder, replace=True) as tmp:
+        save_file(sd, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2))
 
 
 def save_training_checkpoint(path: str | Path, model: DFlashDrafter, optimizer: Any, step: int, extra: dict[str, Any] | None = None) -> None:
     """`<run_dir>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config; atomic."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="checkpoint.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None, "step": step, "config": model.cfg.to_hf(), **(extra or {})},
-            tmp,
-        )
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    obj = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None, "step": step, "config": model.cfg.to_hf(), **(extra or {})}
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))

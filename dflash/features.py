@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from dflash.files import atomic_write
 from dflash.errors import ConfigError, TargetError
 from dflash.progress import Progress, log
 from dflash.target import Target, tapped_forward
@@ -192,15 +192,7 @@ class DiskCache:
         tensors = {f"layer_{L}": t.detach().to("cpu").contiguous() for L, t in merged.items()}
         meta = {"key": key, "tokens": str(tokens), "layers": ",".join(str(L) for L in sorted(merged))}
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-            os.close(fd)
-            try:
-                save_file(tensors, tmp, metadata=meta)
-                os.replace(tmp, p)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write(p, lambda tmp: save_file(tensors, tmp, metadata=meta))
         except OSError as e:
             self.writable = False
             log.warning("features: cannot write the cache under %s (%s); features are computed but not kept", self.root, e)

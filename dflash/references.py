@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from dflash.files import atomic_write_text
 from dflash.errors import ConfigError, ReferenceError
 from dflash.progress import Progress, log
 from dflash.server import CallPolicy, Server, snippet
@@ -130,22 +130,6 @@ def completion_problem(ids: Any, max_new_tokens: int, eos_ids: list[int], vocab_
     if len(ids) < max_new_tokens and ids[-1] not in stop:
         return f"stops after {len(ids)} of {max_new_tokens} tokens at token {ids[-1]}, not at one of the target's stop tokens {eos_ids}"
     return None
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers see the old file or the new one.
-    The file is created 0666 minus the umask, like any other new file (not mkstemp's 0600)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class ReferenceCache:

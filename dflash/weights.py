@@ -5,19 +5,16 @@
   minute); a transformers folder's config.json plus its weight files' names, sizes and mtimes.
   The identity is part of every cache key (references, features, converted copies).
 - `ensure_converted`: transformers dequantizes a GGUF (about a minute) into a plain float32 folder
-  under `<cache_dir>/targets/<identity>/`, written in a temporary folder and renamed, so a reader
-  never sees half a copy. The temporary folder goes whatever passes through (SIGTERM's
-  `Terminated` included); one left by a hard kill is removed by the next conversion on this host.
+  under `<cache_dir>/targets/<identity>/`, written in a temporary folder and renamed (dflash.files:
+  a reader never sees half a copy, modes follow the umask). The temporary folder goes whatever
+  passes through (SIGTERM's `Terminated` included); one left by a hard kill is removed by the next
+  conversion on this host.
 - `check_finite`: NaN or inf in any weight is refused, naming the tensor.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -26,6 +23,7 @@ import torch
 from torch import Tensor
 
 from dflash.errors import TargetError
+from dflash.files import atomic_dir, atomic_write_text, remove_stale
 from dflash.progress import log, track
 
 # --- sources and their identity ------------------------------------------------------------------
@@ -54,11 +52,7 @@ def gguf_sha256(gguf: Path, cache: Path) -> str:
 def write_memo(path: Path, text: str) -> None:
     """Write a small memo atomically; a read-only cache only costs the work again next time."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        atomic_write_text(path, text)
     except OSError as e:
         log.debug("could not write %s (%s)", path, e)
 
@@ -113,36 +107,6 @@ def gguf_metadata(gguf: Path) -> tuple[Any, Any]:
 # --- temporary folders and the GGUF conversion -------------------------------------------------
 
 
-def _remove_stale_tmp(dest: Path) -> None:
-    """Remove temp folders for `dest` left by a hard-killed process of this host (its pid is gone)."""
-    mine = f"{dest.name}.tmp-{socket.gethostname()}-"
-    for d in dest.parent.glob(mine + "*"):
-        try:
-            os.kill(int(d.name[len(mine) :].split("-")[0]), 0)
-        except ProcessLookupError:
-            log.info("target: removing %s, left by a process that was killed", d)
-            shutil.rmtree(d, ignore_errors=True)
-        except (ValueError, PermissionError):
-            pass
-
-
-def _atomic_save_dir(dest: Path, write) -> None:
-    """Run write(tmpdir) then rename tmpdir to dest: a reader never sees a half-written copy, and the
-    temp folder goes whatever exception passes (KeyboardInterrupt, SIGTERM's Terminated included)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=dest.parent))
-    try:
-        write(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process won the race: its copy is as good as ours
-            if not dest.exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _convert_gguf(gguf: Path, tmp: Path) -> None:
     """Dequantize a GGUF into a plain float32 transformers folder at tmp (refusing non-finite weights)."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
@@ -177,7 +141,10 @@ def ensure_converted(gguf: Path, identity: str, cache: Path) -> Path:
     if not (dest / "config.json").is_file():
         log.info("target: converting %s to %s: first use only, takes about a minute", gguf.name, dest)
         t0 = time.perf_counter()
-        _atomic_save_dir(dest, lambda tmp: _convert_gguf(gguf, tmp))
+        for d in remove_stale(dest):
+            log.info("target: removed %s, left by a process that was killed", d)
+        with atomic_dir(dest) as tmp:  # the temporary folder goes whatever passes, SIGTERM's Terminated included
+            _convert_gguf(gguf, tmp)
         log.info("target: converted in %.0f s; later loads read the copy", time.perf_counter() - t0)
     return dest
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from dflash import references
-from dflash.references import ReferenceError, atomic_write_text, check_references, get_references, greedy_generate, reference_key
+from dflash.files import atomic_write_text
+from dflash.references import ReferenceError, check_references, get_references, greedy_generate, reference_key
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22]]
 

@@ -334,7 +334,7 @@ def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_pat
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A stand-in for the GGUF conversion: the real load_target / weights._atomic_save_dir path, with the GGUF
+# A stand-in for the GGUF conversion: the real load_target / files.atomic_dir path, with the GGUF
 # reading replaced by a tiny Qwen3 (the signal arrives while `phase` stalls).
 CONVERT_SCRIPT = r"""
 import signal, sys, time

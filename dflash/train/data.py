@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dflash.files import atomic_write
 from dflash.progress import log
 from dflash.prompts import Prompt, render
 
@@ -31,14 +30,7 @@ class Sequence:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def data_key(identity: str, prompt_ids: list[list[int]], max_new_tokens: int, template: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ PROCESS_START = time.time()  # max_minutes counts from here: loading and data ge
 import torch  # noqa: E402
 
 from dflash.progress import Progress, log  # noqa: E402
-from dflash.references import atomic_write_text  # noqa: E402
+from dflash.files import atomic_write_text  # noqa: E402
 from dflash.train.arch import base_layer_ids, drafter_config, init_drafter  # noqa: E402
 from dflash.train.batch import Batcher, step_batch  # noqa: E402
 from dflash.train.checkpoints import RunState, export, save_checkpoint, try_resume  # noqa: E402

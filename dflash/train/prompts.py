@@ -210,7 +210,7 @@ def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 
 
 
 def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
-    from dflash.references import atomic_write_text
+    from dflash.files import atomic_write_text
 
     atomic_write_text(Path(path), "".join(json.dumps({"id": p.id, "subset": p.subset, "prompt": prompt_text(p)}) + "\n" for p in prompts))
 
