@@ -39,8 +39,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from dflash.files import atomic_write
 from dflash.errors import ConfigError, TargetError
+from dflash.files import atomic_write
 from dflash.progress import Progress, log
 from dflash.target import Target, tapped_forward
 

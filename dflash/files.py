@@ -71,7 +71,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def remove_stale(dest: Path, what: str = "a process") -> list[Path]:
+def remove_stale(dest: Path) -> list[Path]:
     """Remove temporary folders for `dest` left by processes of this host that are gone (a hard kill)."""
     mine = f"{dest.name}.tmp-{socket.gethostname()}-"
     gone = []

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from dflash.files import atomic_write_text
 from dflash.errors import ConfigError, ReferenceError
+from dflash.files import atomic_write_text
 from dflash.progress import Progress, log
 from dflash.server import CallPolicy, Server, snippet
 from dflash.target import forward, new_cache

@@ -48,8 +48,22 @@ from dflash.errors import TargetError
 from dflash.progress import log
 
 
+class _Shape:
+    """Shape of the text decoder, from its transformers config (`self.config`)."""
+
+    config: Any
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+
 @dataclass
-class TargetInfo:
+class TargetInfo(_Shape):
     """The target without its weights: enough for every shape, tokenizer and context check."""
 
     kind: str
@@ -62,20 +76,12 @@ class TargetInfo:
     weights: Path | None  # the folder the weights load from (None: a GGUF not converted yet)
 
     @property
-    def num_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config.hidden_size)
-
-    @property
     def vocab_size(self) -> int:
         return int(self.config.vocab_size)
 
 
 @dataclass
-class Target:
+class Target(_Shape):
     model: Any  # a transformers *ForCausalLM
     tokenizer: Any
     identity: str  # content hash of the weights' source: part of every reference-cache key
@@ -88,15 +94,7 @@ class Target:
         return self.model.config
 
     @property
-    def num_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
+    def vocab_size(self) -> int:  # the embedding's rows (may exceed the config's vocab_size)
         return int(self.model.get_input_embeddings().weight.shape[0])
 
     @property
