@@ -1,5 +1,6 @@
 # make evaluate [ARGS="drafter.step=20000 ..."]   set up .venv if needed, run the default evaluation
-# make test [PYTEST_ARGS=...]                      set up .venv if needed, run the test suite
+# make test [PYTEST_ARGS=...]                      set up .venv if needed, lint (ruff, import contracts), run the test suite
+# make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined)
 # make setup                                       only the set-up
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup evaluate test
+.PHONY: setup evaluate test lint
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -24,5 +25,9 @@ $(VENV)/.installed: pyproject.toml
 evaluate: setup
 	$(PY) evaluate.py $(ARGS)
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """Entry point: `python evaluate.py [group=choice] [key=value]` (Hydra; `-m` sweeps).
 
-Composes conf/ into the typed, strict config (dflash/config.py), opens an MLflow run (a child of
+Composes conf/ into the typed, strict config (dflash/config/schema.py), opens an MLflow run (a child of
 the sweep's parent in a `-m` sweep), runs the pipeline (load -> references -> features -> replay
 -> metrics), logs the result (`log_result`; the layout is in dflash/tracking/__init__.py), prints a summary.
 Exit policy (dflash/entry.py): bad input exits 2 with a message that says what to fix, a bug 1
@@ -19,11 +19,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from dflash import config as config_mod
 from dflash import entry
-from dflash.config import EvalConfig
+from dflash.config import schema as config_mod
+from dflash.config.schema import EvalConfig
 from dflash.entry import JobContext
-from dflash.progress import configure
+from dflash.util.progress import configure
 
 config_mod.register()
 
@@ -42,15 +42,24 @@ def prompt_dataset(res, c: EvalConfig) -> dict[str, Any]:
 def resolved_params(res) -> dict[str, Any]:
     """What the config left to the checkpoint, the target or `auto`, as evaluated."""
     i = res.info
-    return {"drafter.name": i.drafter_name, "drafter.step": i.drafter_step, "drafter.block_size": i.block_size, "drafter.target_layer_ids": i.target_layer_ids,
-            "drafter.mask_token_id": i.mask_token_id, "device.name": i.device, "device.dtype": i.dtype, "target.dtype": i.dtype,
-            **{f"drafter.config.{k}": v for k, v in i.drafter_config.items()}}  # the drafter as built (dflash.drafter_config)
+    return {
+        "drafter.name": i.drafter_name,
+        "drafter.step": i.drafter_step,
+        "drafter.block_size": i.block_size,
+        "drafter.target_layer_ids": i.target_layer_ids,
+        "drafter.mask_token_id": i.mask_token_id,
+        "device.name": i.device,
+        "device.dtype": i.dtype,
+        "target.dtype": i.dtype,
+        **{f"drafter.config.{k}": v for k, v in i.drafter_config.items()},
+    }  # the drafter as built (dflash.models.drafter_config)
 
 
 def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
-    from dflash import plots, report, samples
-    from dflash.metrics import commit_share, position_table
-    from dflash.pipeline import per_prompt_row
+    from dflash.report import console as report
+    from dflash.report import plots, samples
+    from dflash.stages.metrics import commit_share, position_table
+    from dflash.stages.result import per_prompt_row
 
     info = res.info
     run.set_tags({
@@ -73,7 +82,8 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
 
 
 def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
-    from dflash import pipeline, report, tracking
+    from dflash import pipeline, tracking
+    from dflash.report import console as report
 
     c = config_mod.to_object(cfg)
     configure(c.progress)
@@ -82,7 +92,9 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
     tc = c.tracking
     if tc.enabled:
         tags = {**{f"group.{k}": v for k, v in ctx.choices.items()}, "overrides": json.dumps(ctx.overrides), "dflash.job": ctx.job_num}
-        run = tracking.Run(tc.uri, config_mod.experiment_name(tc, c.target.name), pipeline.run_name(c.drafter), tc.artifact_location, sweep=ctx.sweep, tags=tags)
+        run = tracking.Run(
+            tc.uri, config_mod.experiment_name(tc, c.target.name), pipeline.run_name(c.drafter), tc.artifact_location, sweep=ctx.sweep, tags=tags
+        )
     else:
         run = tracking.NoRun()
     with run:

@@ -36,12 +36,14 @@ from pathlib import Path
 
 import torch
 
-from dflash import config as config_mod
-from dflash import features, pipeline
-from dflash import target as target_mod
-from dflash.checkpoint import list_steps, find_path
-from dflash.progress import configure, log
-from dflash.speed import bench_generation, bench_online, format_generation, format_online
+from dflash import pipeline
+from dflash.config import schema as config_mod
+from dflash.models import target as target_mod
+from dflash.models.checkpoint import find_path, list_steps
+from dflash.online.speed import bench_generation, bench_online, format_generation, format_online
+from dflash.stages import features
+from dflash.stages.result import EvalResult
+from dflash.util.progress import configure, log
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SHAPES = {  # random targets for `scale`: transformers config class and fields
@@ -61,7 +63,7 @@ def fresh_process(cfg: config_mod.EvalConfig | None = None) -> None:
         shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
 
 
-def timed_run(cfg: config_mod.EvalConfig) -> tuple[float, pipeline.EvalResult]:
+def timed_run(cfg: config_mod.EvalConfig) -> tuple[float, EvalResult]:
     t = time.perf_counter()
     res = pipeline.run(cfg)
     return time.perf_counter() - t, res
@@ -93,7 +95,7 @@ def checkpoints(cfg: config_mod.EvalConfig, n: int) -> list[config_mod.EvalConfi
     return [replace(cfg, drafter=replace(d, step=s)) for s in steps]
 
 
-def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str, pipeline.EvalResult, float]:
+def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str, EvalResult, float]:
     jobs = checkpoints(cfg, n)
     fresh_process(cfg)
     w1, r1 = timed_run(jobs[0])
@@ -110,21 +112,24 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str
     procs = ""
     if cfg.drafter.kind == "training" and len({j.drafter.step for j in jobs}) == n:
         p1, pn = evaluate_processes(cfg, overrides, jobs)
-        procs = f"\n  as processes (python evaluate.py, {'MLflow included' if cfg.tracking.enabled else 'tracking disabled'}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: {pn / p1:.2f}x one run"
+        tracked = "MLflow included" if cfg.tracking.enabled else "tracking disabled"
+        procs = f"\n  as processes (python evaluate.py, {tracked}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: {pn / p1:.2f}x one run"
     lines = [
         f"sweep of {n} checkpoints ({names}) in one process vs one single run:",
-        f"  single run {w1:.2f} s (features {f1:.2f} s, replay {r1.timings.get('replay', 0):.2f} s, load target {r1.timings.get('load_target', 0):.2f} s); "
+        f"  single run {w1:.2f} s (features {f1:.2f} s, replay {r1.timings.get('replay', 0):.2f} s, "
+        f"load target {r1.timings.get('load_target', 0):.2f} s); "
         f"sweep {wn:.2f} s: {wn / w1:.2f}x one run (target <= 1.4x for 2)" + procs,
         f"  a new process with features on disk: features {r3.timings['features']:.3f} s = {r3.timings['features'] / f1:.1%} of the first run's "
         f"(target <= 20%), run {w3:.2f} s",
         f"  warm per checkpoint (target loaded, features in memory): {warm:.2f} s ("
-        + ", ".join(f"{k} {v:.3f}" for k, v in rw.timings.items()) + f"; outside the stages {warm - sum(rw.timings.values()):.3f})",
+        + ", ".join(f"{k} {v:.3f}" for k, v in rw.timings.items())
+        + f"; outside the stages {warm - sum(rw.timings.values()):.3f})",
         f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over {int(r1.metrics['prompts'])} prompts",
     ]
     return "\n".join(lines), r1, warm
 
 
-def online(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, warm: float, n: int) -> str:
+def online(cfg: config_mod.EvalConfig, res: EvalResult, warm: float, n: int) -> str:
     fresh_process()
     t = cfg.target
     target, drafter = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
@@ -140,7 +145,7 @@ def online(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, warm: float, n:
     )
 
 
-def generation(cfg: config_mod.EvalConfig, res: pipeline.EvalResult) -> str:
+def generation(cfg: config_mod.EvalConfig, res: EvalResult) -> str:
     fresh_process()
     t = cfg.target
     target, _ = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
@@ -201,7 +206,7 @@ def scale_child(where: str, lengths: list[int], device: str) -> None:
                       "tokens": sum(lengths), "taps": taps}))
 
 
-def scale(cfg: config_mod.EvalConfig, res: pipeline.EvalResult, shape: str, prompts: int | None = None) -> str:
+def scale(cfg: config_mod.EvalConfig, res: EvalResult, shape: str, prompts: int | None = None) -> str:
     lengths = [len(r.prompt_ids) + len(r.reference) for r in res.prompts][:prompts]
     timed = sum(lengths) / sum(len(r.prompt_ids) + len(r.reference) for r in res.prompts)  # SmolLM2's feature time, scaled to these tokens
     device = "cuda" if torch.cuda.is_available() and cfg.device.name != "cpu" else "cpu"

@@ -1,7 +1,7 @@
 """What the Hydra entry points share: the job's context, `-m` sweeps, the exit policy.
 
 The exit policy of a Hydra entry point (`main`, `run_job`), the same for every launcher:
-- a user error (dflash.errors.UserError, a config that does not compose or names an unknown
+- a user error (dflash.util.errors.UserError, a config that does not compose or names an unknown
   key or group option) exits 2 with its message, no traceback (HYDRA_FULL_ERROR=1 or
   DFLASH_VERBOSE=1 shows it); any other exception is a bug: exit 1 with a traceback;
 - SIGINT / SIGTERM end the run (and its sweep parent) KILLED and exit 130 / 143, no traceback;
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from dflash.compare import swept_values
-from dflash.config import check_overrides, check_schema, experiment_name
-from dflash.errors import ConfigError, Terminated, UserError, exit_code, install_signal_handlers, signals_deferred, verbose
+from dflash.config.schema import check_overrides, check_schema, experiment_name
+from dflash.report.sweep import swept_values
+from dflash.util.errors import ConfigError, Terminated, UserError, exit_code, install_signal_handlers, signals_deferred, verbose
 
 # --- Hydra job context and sweeps ----------------------------------------------------------------
 
@@ -94,7 +94,9 @@ def sweep_name(overrides: list[str]) -> str:
 def start_sweep(sweep_dir: str, name: str) -> SweepInfo:
     """A fresh sweep id, written where every job of this sweep reads it."""
     info = SweepInfo(uuid.uuid4().hex, name, sweep_dir)
-    _write_json(_state_dir(sweep_dir) / "sweep.json", {**dataclasses.asdict(info), "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
+    _write_json(
+        _state_dir(sweep_dir) / "sweep.json", {**dataclasses.asdict(info), "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    )
     return info
 
 
@@ -120,7 +122,8 @@ def job_records(sweep: SweepInfo) -> list[dict[str, Any]]:
 
 
 def _prog() -> str:
-    return Path(sys.argv[0]).name or "dflash"
+    p = Path(sys.argv[0])
+    return f"dflash-{p.parent.name}" if p.name == "__main__.py" else p.name or "dflash"  # python -m dflash.train: dflash-train
 
 
 def report_error(e: BaseException) -> None:
@@ -174,14 +177,38 @@ def _finish_sweep(status: Optional[str] = None, reason: str = "") -> list[dict[s
         r["label"] = " ".join(f"{k}={v}" for k, v in vals.items()) or " ".join(r["overrides"])
     failed = [r for r in records if r["status"] != "FINISHED"]
     if active.uri is not None:
-        from dflash import tracking
-
         with signals_deferred():
             try:
-                tracking.close_sweep(active.uri, active.info.id, failed, status, reason)
+                close_sweep(active.uri, active.info.id, failed, status, reason)
             except Exception as e:  # the sweep's outcome stands; say why its parent could not be closed
                 print(f"{_prog()}: could not close the sweep's MLflow parent: {type(e).__name__}: {e}", file=sys.stderr)
     return failed
+
+
+def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: Optional[str] = None, reason: str = "") -> list[str]:
+    """End every parent of the sweep: the comparison of its children (dflash.report.sweep: table, plots,
+    best τ, description), the failed jobs, and the status (None: FINISHED when every job passed, else
+    FAILED). -> the parents' run ids."""
+    from dflash import tracking
+    from dflash.report import console, sweep
+
+    parents = tracking.sweep_parents(uri, sweep_id)
+    for parent in parents:
+        kids = parent.children
+        values = swept_values([k.overrides for k in kids])
+        children = [sweep.Child(k.name, k.run_id, v, k.rows, k.params) for k, v in zip(kids, values)]
+        table = sweep.sweep_table(children) if children else []
+        bad_jobs = sorted({int(r["job"]) for r in failed} | {k.job for k in kids if k.status != "FINISHED"})
+        final = status or ("FAILED" if bad_jobs else "FINISHED")
+        fails = [f"job {r['job']} ({r.get('label') or ' '.join(r['overrides'])}): {r['error']}" for r in failed]
+        tags = {"dflash.jobs": f"{len(kids)} children, {len(bad_jobs)} failed", "dflash.failed_jobs": "; ".join(fails) or None}
+        if final != "FINISHED" and reason:
+            tags["dflash.killed" if final == "KILLED" else "error"] = reason
+        best = sweep.best(table)
+        files = sweep.sweep_artifacts(children, title=parent.name) if children else {}
+        note = console.sweep_markdown(parent.name, table, fails, final, reason)
+        tracking.finish_parent(uri, parent.run_id, final, files, (best["run"], best["run_id"]) if best else None, tags, note)
+    return [p.run_id for p in parents]
 
 
 def _sweep_callback_base():
@@ -221,14 +248,15 @@ class SweepCallback(_sweep_callback_base()):
             sys.exit(1)
 
 
-def main(hydra_main: Callable[[], Any]) -> None:
-    """Run an entry point's @hydra.main function under the exit policy (its `if __name__ == "__main__":`)."""
+def main(hydra_main: Callable[[], Any], schema: Optional[type] = None) -> None:
+    """Run an entry point's @hydra.main function under the exit policy (its `if __name__ == "__main__":`);
+    `schema`: the strict schema its overrides are checked against (default: the evaluation's)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     install_signal_handlers()
     try:
-        check_overrides(sys.argv[1:])
+        check_overrides(sys.argv[1:], *([schema] if schema else []))
     except ConfigError as e:
         report_error(e)
         sys.exit(exit_code(e))

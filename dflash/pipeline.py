@@ -1,8 +1,8 @@
 """The evaluation pipeline: config -> load -> references -> features -> replay -> metrics.
 
-`run(cfg)` takes the typed config (`dflash.config.EvalConfig`) and returns an `EvalResult`: plain
+`run(cfg)` takes the typed config (`dflash.config.schema.EvalConfig`) and returns an `EvalResult`: plain
 typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
-itself (dflash.progress) and is timed (`EvalResult.timings`, seconds) so the README can report
+itself (dflash.util.progress) and is timed (`EvalResult.timings`, seconds) so the README can report
 where time goes.
 """
 
@@ -10,77 +10,25 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 
-from dflash.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
-from dflash.config import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig
-from dflash.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
-from dflash.drafter_config import effective_config
-from dflash.errors import ConfigError, PromptError
-from dflash.metrics import Counters, accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
-from dflash.progress import Progress, log
-from dflash.prompts import Prompt, load_prompts, render, round_robin
-from dflash.references import ReferenceStats, check_references, get_references
-from dflash.replay import Block, evaluate_sequence
-from dflash.samples import sample_record
-from dflash.features import FeatureStats, iter_features
-from dflash.target import Target, TargetInfo, inspect_target, load_target
-
-
-@dataclass
-class PromptResult:
-    prompt: Prompt
-    prompt_ids: list[int]  # rendered through the chat template
-    reference: list[int]  # the target's greedy completion
-    counters: Counters
-    blocks: list[Block]  # every verify step of the replay
-    leak: Counters | None = None  # leak_probe=true: the replay with the anchor's own feature visible
-
-
-@dataclass
-class RunInfo:
-    """What was evaluated, as resolved (not as configured)."""
-
-    run_name: str
-    drafter_name: str
-    drafter_step: int | None
-    checkpoint_path: str | None
-    checkpoint_sha256: str | None
-    device: str
-    dtype: str
-    target_identity: str
-    target_source: str
-    block_size: int
-    target_layer_ids: list[int]
-    mask_token_id: int
-    stop_ids: list[int]
-    prompt_ids: list[str]  # the selected prompts, in order
-    references: ReferenceStats
-    drafter_config: dict[str, Any] = field(default_factory=dict)  # drafter_config.effective_config: what was evaluated
-
-
-@dataclass
-class EvalResult:
-    metrics: dict[str, float]  # MLflow names (dflash.metrics.summarize)
-    curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
-    prompts: list[PromptResult]
-    total: Counters  # summed over prompts
-    samples: list[dict[str, Any]]  # dflash.samples records of `num_samples` prompts, one per subset in turn
-    timings: dict[str, float]
-    info: RunInfo
-    warnings: list[str] = field(default_factory=list)
-
-
-def per_prompt_row(r: PromptResult) -> dict[str, Any]:
-    """The per-prompt counters as one flat row (per_prompt.json; what dflash.compare pairs)."""
-    c = r.counters
-    return {"id": r.prompt.id, "subset": r.prompt.subset, "prompt_tokens": len(r.prompt_ids), "new_tokens": c.new_tokens, "steps": c.steps,
-            "committed": c.committed, "acceptance_length": c.committed / c.steps if c.steps else None, "accepted_at_pos": c.accepted_at_pos, "tf_correct": c.tf_correct,
-            "tf_total": c.tf_total, "tf_nll": sum(c.tf_nll) if scored(c) else None}
+from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig
+from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
+from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
+from dflash.models.drafter_config import effective_config
+from dflash.models.target import Target, TargetInfo, inspect_target, load_target
+from dflash.report.samples import sample_record
+from dflash.stages.features import FeatureStats, iter_features
+from dflash.stages.metrics import accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
+from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
+from dflash.stages.references import check_references, get_references
+from dflash.stages.replay import evaluate_sequence
+from dflash.stages.result import EvalResult, PromptResult, RunInfo
+from dflash.util.errors import ConfigError, PromptError
+from dflash.util.progress import Progress, log
 
 
 @contextmanager
@@ -126,7 +74,7 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
 
 
 def read_drafter_conf(cfg: EvalConfig) -> DrafterSource:
-    """The drafter read and checked without the target (dflash.checkpoint's phase 1)."""
+    """The drafter read and checked without the target (dflash.models.checkpoint's phase 1)."""
     d, t = cfg.drafter, cfg.target
     if d.sliding_window not in SLIDING_WINDOW:
         raise ConfigError(f"drafter.sliding_window={d.sliding_window!r}: use one of {SLIDING_WINDOW}")
@@ -158,7 +106,9 @@ def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], li
     prompts = load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets)
     ids = [render(p, info.tokenizer, vars(cfg.target.template)) for p in prompts]
     check_lengths(prompts, ids, pc.max_new_tokens, info.max_context)
-    log.info("prompts: %d from %s (%s), %d tokens", len(prompts), pc.path or pc.source, ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids)))
+    log.info(
+        "prompts: %d from %s (%s), %d tokens", len(prompts), pc.path or pc.source, ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids))
+    )
     return prompts, ids
 
 

@@ -5,7 +5,7 @@
 Target: random weights of SmolLM2-135M's shape (LlamaConfig: hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied embeddings), bfloat16. Drafter: the shipped weights
 (checkpoints/fixed/step_5037; on a random target τ is ~1, so the speed at τ 1.8 is predicted from
-the measured time per step, see dflash/speed.py). Prompts: random token ids, 20..120 long.
+the measured time per step, see dflash/online/speed.py). Prompts: random token ids, 20..120 long.
 First checks (float32, tiny random Qwen3 and Qwen3.5 hybrid): engine with CUDA graphs == eager ==
 transformers' generate; the online loop == greedy. Then the benchmarks, most important first,
 each skipped once the time budget is spent. Everything lands in OUT/decode_bench.json as it comes.
@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from dflash.decode import generate  # noqa: E402
-from dflash.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
-from dflash.progress import configure  # noqa: E402
-from dflash.speculative import speculative_generate  # noqa: E402
-from dflash.speed import bench_generation, bench_online, format_generation, format_online  # noqa: E402
-from dflash.target import Target  # noqa: E402
+from dflash.models.decode import generate  # noqa: E402
+from dflash.models.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
+from dflash.models.target import Target  # noqa: E402
+from dflash.online.speculative import speculative_generate  # noqa: E402
+from dflash.online.speed import bench_generation, bench_online, format_generation, format_online  # noqa: E402
+from dflash.util.progress import configure  # noqa: E402
 
 RESULTS: dict = {}
 
@@ -79,8 +79,8 @@ def checks(dev: str) -> dict:
     from conftest import MASK_ID, make_tokenizer, qwen3_5_vl_config, qwen3_config
     from transformers import Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
 
-    from dflash.checkpoint import init_config
-    from dflash.target import load_target
+    from dflash.models.checkpoint import init_config
+    from dflash.models.target import load_target
 
     res = {}
     prompts = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
@@ -92,7 +92,9 @@ def checks(dev: str) -> dict:
         eos = t.eos_ids
         hf = []
         for p in prompts:
-            o = t.model.generate(torch.tensor([p], device=dev), max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=0)[0, len(p):].tolist()
+            o = t.model.generate(torch.tensor([p], device=dev), max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=0)[
+                0, len(p) :
+            ].tolist()
             hf.append(o[: next((i + 1 for i, x in enumerate(o) if x in eos), len(o))])
         cuda = dev == "cuda"
         g = generate(t, prompts, 48, 3, graphs=cuda)
@@ -110,7 +112,9 @@ def checks(dev: str) -> dict:
         Qwen3_5ForConditionalGeneration(qwen3_5_vl_config()).save_pretrained(d)
         make_tokenizer().save_pretrained(d)
         v = load_target("vlm_text", d, dtype="float32", device=dev)
-        ref = v.model.generate(torch.tensor([prompts[2]], device=dev), max_new_tokens=24, do_sample=False, eos_token_id=v.eos_ids, pad_token_id=0)[0, len(prompts[2]):].tolist()
+        ref = v.model.generate(torch.tensor([prompts[2]], device=dev), max_new_tokens=24, do_sample=False, eos_token_id=v.eos_ids, pad_token_id=0)[
+            0, len(prompts[2]) :
+        ].tolist()
         dr = DFlashDrafter(init_config(v, 1, 3, MASK_ID, 8)).init_weights(3, std=0.3).to(dev).eval()
         for graphs in (False, True) if dev == "cuda" else (False,):
             try:
@@ -132,7 +136,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     configure(True)
     t_start = time.perf_counter()
-    RESULTS["machine"] = {"gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
+    RESULTS["machine"] = {
+        "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     import transformers
 
     RESULTS["machine"]["transformers"] = transformers.__version__

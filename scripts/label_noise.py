@@ -10,11 +10,11 @@ import sys
 
 import torch
 
-from dflash.progress import configure
-from dflash.target import load_target
+from dflash.models.target import load_target
 from dflash.train.data import build_sequences
 from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_last_hidden
 from dflash.train.prompts import build_prompts
+from dflash.util.progress import configure
 
 configure()
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 24
@@ -28,4 +28,7 @@ print(f"{len(seqs)} responses, {h.shape[0]} positions, 32 noise draws each (nois
 print("sigma  flip_rate  majority_flip  majority_flip(target p>0.5)")
 for s in sigmas:
     r = label_flip_stats(target, h, s, normed, draws=32, gen=torch.Generator().manual_seed(0))
-    print(f"{s:5.2f}  {r.flip_rate:9.3f}  {r.majority_flip_rate:13.3f}  {r.majority_flip_rate_confident:9.3f}  (p>0.5 at {r.confident_share:.0%} of positions)")
+    print(
+        f"{s:5.2f}  {r.flip_rate:9.3f}  {r.majority_flip_rate:13.3f}  {r.majority_flip_rate_confident:9.3f}  "
+        f"(p>0.5 at {r.confident_share:.0%} of positions)"
+    )

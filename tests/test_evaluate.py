@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.checkpoint import save_training_checkpoint
-from dflash.drafter import DFlashDrafter, DrafterConfig
+from dflash.models.checkpoint import save_training_checkpoint
+from dflash.models.drafter import DFlashDrafter, DrafterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -90,10 +90,15 @@ def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
     assert all(k.info.status == "FINISHED" for k in kids)
     best = max(kids, key=lambda k: k.data.metrics["acceptance_length"])
     assert parents[0].data.metrics["acceptance_length"] == pytest.approx(best.data.metrics["acceptance_length"])  # the parent holds the best τ
-    assert best.info.run_name in parents[0].data.tags["dflash.best_child"] and "| fixed@step_1633 | 1633 |" in parents[0].data.tags["mlflow.note.content"]
+    assert (
+        best.info.run_name in parents[0].data.tags["dflash.best_child"]
+        and "| fixed@step_1633 | 1633 |" in parents[0].data.tags["mlflow.note.content"]
+    )
     # the two steps side by side, paired by prompt, read back from the store by run name
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT)}
-    cmp = subprocess.run([sys.executable, "-m", "dflash.compare", "fixed@step_1633", "fixed@step_5037"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    cmp = subprocess.run(
+        [sys.executable, "-m", "dflash.compare", "fixed@step_1633", "fixed@step_5037"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert cmp.returncode == 0, cmp.stderr
     tau = {k.info.run_name: k.data.metrics["acceptance_length"] for k in kids}
     line = next(x for x in cmp.stdout.splitlines() if x.startswith("acceptance_length "))
@@ -102,7 +107,9 @@ def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
     nll = {k.info.run_name: k.data.metrics["nll_mean"] for k in kids}  # scores=true: NLL logged and compared
     line = next(x for x in cmp.stdout.splitlines() if x.startswith("nll_mean "))
     assert [float(v) for v in line.split()[1:3]] == pytest.approx([nll["fixed@step_1633"], nll["fixed@step_5037"]], abs=6e-4)
-    missing = subprocess.run([sys.executable, "-m", "dflash.compare", "fixed@step_1633", "nope@step_1"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "dflash.compare", "fixed@step_1633", "nope@step_1"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "no finished run with id or name 'nope@step_1'" in missing.stderr
 
 
@@ -134,7 +141,17 @@ def _bad_inputs(tmp: Path):
     }
 
 
-CASES = ["missing step", "corrupt checkpoint", "shapes do not fit", "mask id out of range", "tap out of range", "flex on cpu", "empty prompt set", "malformed jsonl", "prompt beyond context"]
+CASES = [
+    "missing step",
+    "corrupt checkpoint",
+    "shapes do not fit",
+    "mask id out of range",
+    "tap out of range",
+    "flex on cpu",
+    "empty prompt set",
+    "malformed jsonl",
+    "prompt beyond context",
+]
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,13 @@ def _args(target: Path, tmp: Path) -> list[str]:
 
 
 def start(tmp: Path, target: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT), **(env or {})}
+    env = {
+        **os.environ,
+        "DFLASH_CACHE_DIR": str(tmp / "cache"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
     flags = [a for a in args if a == "-m"]  # Hydra's flags before the overrides
     cmd = [sys.executable, str(ROOT / "evaluate.py"), *flags, *_args(target, tmp), *[a for a in args if a != "-m"]]
     # SIGINT at its default (a shell running the tests in the background would leave it ignored)
@@ -167,9 +173,9 @@ def test_a_reused_sweep_folder_starts_a_new_parent(tmp_path, qwen3_dir):
 
 
 def _hf_drafter_with(tmp: Path, target: Path, key: str, value) -> Path:
-    from dflash.checkpoint import init_config, save_hf_folder
-    from dflash.drafter import DFlashDrafter
-    from dflash.target import load_target
+    from dflash.models.checkpoint import init_config, save_hf_folder
+    from dflash.models.drafter import DFlashDrafter
+    from dflash.models.target import load_target
 
     t = load_target("hf", str(target), dtype="float32", device="cpu", attn="sdpa")
     folder = tmp / "drafter"
@@ -192,7 +198,10 @@ USER_ERRORS = {
     "max_new_tokens 0": (["prompts.max_new_tokens=0"], "prompts.max_new_tokens=0: use 2 or more"),
     "max_new_tokens negative": (["prompts.max_new_tokens=-5"], "prompts.max_new_tokens=-5: use 2 or more"),
     "max_new_tokens 1": (["prompts.max_new_tokens=1"], "prompts.max_new_tokens=1: use 2 or more"),
-    "config.json value of the wrong type": (["drafter=hf", "drafter.path={drafter}"], "config field block_size='4' should be an integer; fix config.json"),
+    "config.json value of the wrong type": (
+        ["drafter=hf", "drafter.path={drafter}"],
+        "config field block_size='4' should be an integer; fix config.json",
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""The feature stage (dflash/features.py) and the truncated, chunked tapped forward under it:
+"""The feature stage (dflash/stages/features.py) and the truncated, chunked tapped forward under it:
 equal to the full forward's hidden_states[L + 1], chunked equal to unchunked (Qwen3 and the hybrid
 Qwen3.5 text decoder), one pass for several drafters' taps, and the cache's keys and size cap."""
 
@@ -10,10 +10,10 @@ import os
 import pytest
 import torch
 
-from dflash import features as F
-from dflash.errors import ConfigError, TargetError
-from dflash.features import DiskCache, FeatureStats, clear_memory, feature_key, get_features, iter_features
-from dflash.target import forward, load_target, tapped_forward
+from dflash.models.target import forward, load_target, tapped_forward
+from dflash.stages import features as F
+from dflash.stages.features import DiskCache, FeatureStats, clear_memory, feature_key, get_features, iter_features
+from dflash.util.errors import ConfigError, TargetError
 
 
 def _ids(S=2, T=11, seed=0):

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from dflash.checkpoint import fit_drafter, load_drafter, read_drafter
-from dflash.errors import CheckpointError
-
 from conftest import MASK_ID
+
+from dflash.models.checkpoint import fit_drafter, load_drafter, read_drafter
+from dflash.util.errors import CheckpointError
 
 H, HEADS, KV, D, FFN, LAYERS, B, TAPS = 64, 4, 2, 16, 96, 2, 4, [1, 2, 3]
 
@@ -130,10 +129,17 @@ ROPES = {
 }
 FORMS = {
     **{f"rope_parameters {k}": ({"rope_parameters": v}, {}, ()) for k, v in ROPES.items()},
-    "legacy rope_theta + rope_scaling yarn": ({}, {"rope_theta": 50000.0, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256}}, ("rope_parameters",)),
+    "legacy rope_theta + rope_scaling yarn": (
+        {},
+        {"rope_theta": 50000.0, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256}},
+        ("rope_parameters",),
+    ),
     "legacy rope_theta only": ({}, {"rope_theta": 100000.0}, ("rope_parameters",)),
-    "yarn + biases + a sliding layer": ({"rope_parameters": YARN, "layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True,
-                                         "sliding_window": 4}, {}, ()),
+    "yarn + biases + a sliding layer": (
+        {"rope_parameters": YARN, "layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True, "sliding_window": 4},
+        {},
+        (),
+    ),
 }
 
 
@@ -213,7 +219,9 @@ def test_window_of_4_on_a_20_token_context(qwen3_target, tmp_path):
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_batched_anchors_equal_single_anchors_with_a_window(qwen3_target, tmp_path, backend):
-    model = load_drafter(qwen3_target, "hf", "w", path=str(write_drafter(tmp_path / "w", {**SLIDING, "layer_types": ["sliding_attention", "full_attention"]}))).model
+    model = load_drafter(
+        qwen3_target, "hf", "w", path=str(write_drafter(tmp_path / "w", {**SLIDING, "layer_types": ["sliding_attention", "full_attention"]}))
+    ).model
     g = torch.Generator().manual_seed(3)
     T, anchors = 24, [[2, 7, 8, 19, 23]]
     taps, emb = torch.randn(1, T, len(TAPS) * H, generator=g), torch.randn(1, len(anchors[0]), B, H, generator=g)
@@ -286,7 +294,7 @@ def test_default_taps_are_the_public_rule_for_the_target(qwen3_target, tmp_path)
 
 
 def test_effective_config_records_what_was_evaluated(qwen3_target, tmp_path):
-    from dflash.drafter_config import effective_config
+    from dflash.models.drafter_config import effective_config
 
     folder = write_drafter(tmp_path / "d", {"rope_parameters": YARN, **SLIDING}, bias=True)
     cfg = load_drafter(qwen3_target, "hf", "x", path=str(folder)).model.cfg

@@ -1,10 +1,11 @@
-"""dflash/files.py, and every cache written through it: atomic, and following the umask (a team's
+"""dflash/util/files.py, and every cache written through it: atomic, and following the umask (a team's
 shared cache at umask 002 stays group-writable; mkstemp / mkdtemp would make it 0600 / 0700)."""
 
 import os
+
 import pytest
 
-from dflash.files import atomic_dir, atomic_write, atomic_write_text
+from dflash.util.files import atomic_dir, atomic_write, atomic_write_text
 
 
 @pytest.fixture(params=[0o002, 0o022])
@@ -53,8 +54,8 @@ def test_a_folder_already_there_stays_unless_replaced(tmp_path):
 
 
 def test_feature_and_target_caches_follow_the_umask(qwen3_target, qwen3_dir, tmp_path, umask):
-    from dflash import weights
-    from dflash.features import clear_memory, iter_features
+    from dflash.models import weights
+    from dflash.stages.features import clear_memory, iter_features
 
     clear_memory()
     for f in iter_features(qwen3_target, [[3, 5, 7, 9]], [[1, 3]], tmp_path):
@@ -63,7 +64,7 @@ def test_feature_and_target_caches_follow_the_umask(qwen3_target, qwen3_dir, tmp
     assert mode(entry) == 0o666 & ~umask and mode(entry.parent) == mode(tmp_path / "features") == 0o777 & ~umask
     weights.write_memo(tmp_path / "targets" / "sha256" / "m", "x")  # GGUF hash and finite-check memos
     assert mode(tmp_path / "targets" / "sha256" / "m") == 0o666 & ~umask
-    from safetensors.torch import save_file
+
     from transformers import Qwen3ForCausalLM
 
     with atomic_dir(tmp_path / "targets" / "copy") as tmp:  # how a GGUF's converted copy is written

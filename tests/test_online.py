@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import MASK_ID
-from dflash.checkpoint import init_config, load_drafter
-from dflash.decode import Engine
-from dflash.prompts import load_prompts, render
-from dflash.replay import evaluate_sequence
-from dflash.speculative import OnlineDecoder, speculative_generate
-from dflash.target import Target, load_target, tapped_forward
+
+from dflash.models.checkpoint import init_config, load_drafter
+from dflash.models.decode import Engine
+from dflash.models.target import Target, load_target, tapped_forward
+from dflash.online.speculative import OnlineDecoder, speculative_generate
+from dflash.stages.prompts import load_prompts, render
+from dflash.stages.replay import evaluate_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 9, 11, 4, 7, 3, 12]

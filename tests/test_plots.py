@@ -1,4 +1,4 @@
-"""dflash.plots: PNG figures from the counters a replay produces (no model), undefined rates as gaps."""
+"""dflash.report.plots: PNG figures from the counters a replay produces (no model), undefined rates as gaps."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import random
 import pytest
 from PIL import Image
 
-from dflash import plots
-from dflash.metrics import Counters
-from dflash.replay import replay, teacher_forced
+from dflash.report import plots
+from dflash.stages.metrics import Counters
+from dflash.stages.replay import replay, teacher_forced
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from dflash.prompts import Prompt, PromptError, load_prompts, read_jsonl, render, round_robin
-
 from conftest import GEN_PROMPT_THINKING_OFF, GEN_PROMPT_THINKING_ON, make_tokenizer
+
+from dflash.stages.prompts import Prompt, PromptError, load_prompts, read_jsonl, render, round_robin
 
 
 def _write(path, rows):

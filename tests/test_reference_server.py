@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dflash.references import ReferenceError, check_references, get_references, greedy_generate
+from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4]]
 NAMES = ["a", "b", "c"]
@@ -54,7 +54,9 @@ def serve(fake: Fake):
 
         def do_GET(self):
             if self.path == "/get_model_info":
-                return self.reply(200, "application/json", json.dumps({"model_path": fake.model, "is_generation": True, "weight_version": "default"}).encode())
+                return self.reply(
+                    200, "application/json", json.dumps({"model_path": fake.model, "is_generation": True, "weight_version": "default"}).encode()
+                )
             if self.path == "/v1/models":
                 return self.reply(200, "application/json", json.dumps({"data": [{"id": m, "root": f"/models/{m}"} for m in fake.served]}).encode())
             self.reply(404, "application/json", b'{"detail": "Not Found"}')
@@ -102,7 +104,12 @@ def serve(fake: Fake):
                 finish = {"type": "stop", "matched": EOS} if stop else {"type": "length", "length": n}
                 ans = {"text": "...", "output_ids": comp, "meta_info": {"finish_reason": finish, "completion_tokens": len(comp)}}
             else:
-                choice = {"index": 0, "text": " ".join(f"t{t}" for t in comp if t != EOS), "finish_reason": "stop" if stop else "length", "stop_reason": None}
+                choice = {
+                    "index": 0,
+                    "text": " ".join(f"t{t}" for t in comp if t != EOS),
+                    "finish_reason": "stop" if stop else "length",
+                    "stop_reason": None,
+                }
                 if body.get("return_token_ids"):
                     choice["token_ids"] = comp
                 ans = {"choices": [choice], "usage": {"completion_tokens": len(comp)}}
@@ -132,7 +139,10 @@ def test_sglang_references_checked_cached_and_keyed_by_the_served_model(qwen3_ta
     refs, st = refs_of(qwen3_target, tmp_path, fake)
     assert refs == [honest(p, 6) for p in PROMPTS] and (st.hits, st.generated) == (0, 3)
     assert st.server["model_path"] == "org/model-a"
-    assert fake.posts[0] == {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "stop_token_ids": [2]}}  # stops where local greedy stops
+    assert fake.posts[0] == {
+        "input_ids": PROMPTS[0],
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "stop_token_ids": [2]},
+    }  # stops where local greedy stops
     again, st = refs_of(qwen3_target, tmp_path, fake)
     assert again == refs and st.hits == 3 and len(fake.posts) == 3  # cached: not asked again
     fake.model = "org/model-b"  # the server now serves another model: other references
@@ -206,7 +216,7 @@ def test_server_down_is_a_clear_error(qwen3_target, tmp_path):
 
 
 def test_openai_model_is_checked_before_the_target_loads(qwen3_dir, tmp_path, fake):
-    from dflash.target import inspect_target
+    from dflash.models.target import inspect_target
 
     info = inspect_target("hf", str(qwen3_dir), tmp_path)
     for model, what in [(None, "needs references.model"), ("tiny-typo", "references.model='tiny-typo' is not served")]:
@@ -220,7 +230,9 @@ def test_openai_model_is_checked_before_the_target_loads(qwen3_dir, tmp_path, fa
 @pytest.mark.parametrize("token_ids", [True, False])
 def test_openai_token_ids_or_retokenized_text(qwen3_target, tmp_path, fake, token_ids):
     if not token_ids:  # a server that refuses the field: the text is re-tokenized, EOS put back
-        fake.fault = lambda kind, body: (400, "application/json", b'{"error": "unknown field return_token_ids"}') if body.get("return_token_ids") else None
+        fake.fault = (
+            lambda kind, body: (400, "application/json", b'{"error": "unknown field return_token_ids"}') if body.get("return_token_ids") else None
+        )
     refs, st = refs_of(qwen3_target, tmp_path, fake, source="openai", model="tiny")
     assert refs == [honest(p, 6) for p in PROMPTS]
     assert st.retokenized == (0 if token_ids else 3) and not st.warnings
@@ -254,7 +266,7 @@ def test_a_failure_aborts_the_requests_in_flight(qwen3_target, tmp_path, fake):
 
 def test_pipeline_checks_the_server_before_loading_the_target(qwen3_dir, tmp_path, fake, monkeypatch):
     from dflash import pipeline
-    from dflash.config import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
+    from dflash.config.schema import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
 
     monkeypatch.setattr(pipeline, "load_models", lambda *a, **k: pytest.fail("the target's weights were loaded"))
     cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250), drafter=DrafterSchema(kind="init"),
@@ -266,11 +278,16 @@ def test_pipeline_checks_the_server_before_loading_the_target(qwen3_dir, tmp_pat
 
 def test_pipeline_with_server_references_logs_the_probe(qwen3_dir, tmp_path, fake):
     from dflash import pipeline
-    from dflash.config import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
+    from dflash.config.schema import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
 
-    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250), drafter=DrafterSchema(kind="init", num_taps=2),
-                     prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
-                     references=ReferencesConfig(source="sglang", url=fake.url, probe_prompts=1), cache_dir=str(tmp_path), num_samples=0)
+    cfg = EvalConfig(
+        target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250),
+        drafter=DrafterSchema(kind="init", num_taps=2),
+        prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
+        references=ReferencesConfig(source="sglang", url=fake.url, probe_prompts=1),
+        cache_dir=str(tmp_path),
+        num_samples=0,
+    )
     res = pipeline.run(cfg)
     assert [r.reference for r in res.prompts] == [honest(r.prompt_ids, 8) for r in res.prompts]
     assert res.info.references.server["model_path"] == "org/model-a" and res.info.references.generated == 2
@@ -287,7 +304,7 @@ def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake
 
 def test_abort_wakes_a_call_blocked_after_the_headers(fake):
     """http.client drops conn.sock once an answer will close the connection: close() must still reach the socket."""
-    from dflash.server import CallPolicy, Client
+    from dflash.stages.server import CallPolicy, Client
 
     fake.fault = lambda kind, body: "stall_body"
     client, got = Client(fake.url, CallPolicy(read_timeout_s=20, deadline_s=30, retries=0)), []

@@ -12,9 +12,9 @@ import subprocess
 import pytest
 import torch
 
-from dflash import references
-from dflash.files import atomic_write_text
-from dflash.references import ReferenceError, check_references, get_references, greedy_generate, reference_key
+from dflash.stages import references
+from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate, reference_key
+from dflash.util.files import atomic_write_text
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22]]
 
@@ -30,7 +30,7 @@ def test_batched_greedy_equals_single_and_hf_generate(qwen3_target):
 
 def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
     """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
-    from dflash.decode import Generator
+    from dflash.models.decode import Generator
 
     monkeypatch.setattr(references, "_static_engine", lambda t, b, p, n, compile: Generator(t, b, p, n, graphs=False))
     seen = {}
@@ -57,7 +57,7 @@ def test_cache_reused_and_keyed_by_what_decides_it(qwen3_target, tmp_path):
     assert st.generated == 2
     _, st = get_references(qwen3_target, PROMPTS[:2], 8, {"enable_thinking": True}, tmp_path)  # another template
     assert st.generated == 2
-    from dflash.target import load_target
+    from dflash.models.target import load_target
 
     bf16 = load_target("hf", qwen3_target.source, dtype="bfloat16", device="cpu", attn="sdpa")
     assert bf16.identity == qwen3_target.identity
@@ -179,7 +179,7 @@ def test_read_only_cache_with_every_reference_warns_and_works(qwen3_target, tmp_
 
 
 def test_read_only_cache_lacking_references_fails_before_generating(qwen3_target, qwen3_dir, tmp_path, make_read_only, monkeypatch):
-    from dflash.target import inspect_target
+    from dflash.models.target import inspect_target
 
     get_references(qwen3_target, PROMPTS[:2], 6, {}, tmp_path)
     make_read_only(tmp_path)
@@ -192,7 +192,7 @@ def test_read_only_cache_lacking_references_fails_before_generating(qwen3_target
 
 
 def test_bad_options_are_config_errors(qwen3_target, tmp_path):
-    from dflash.errors import ConfigError
+    from dflash.util.errors import ConfigError
 
     with pytest.raises(ConfigError, match="references.deadline_s=0"):
         get_references(qwen3_target, PROMPTS[:1], 4, {}, tmp_path, deadline_s=0)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from dflash.checkpoint import fit_drafter, read_drafter, save_hf_folder
-from dflash.errors import CheckpointError
 from test_fidelity import weights, write_drafter
+
+from dflash.models.checkpoint import fit_drafter, read_drafter, save_hf_folder
+from dflash.util.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,10 @@ CONFIG_REFUSALS = {  # name: (write_drafter kwargs, words the message must hold)
     "hidden_act": ({"qwen3": {"hidden_act": "gelu"}}, "hidden_act='gelu'"),
     "partial_rotary_factor": ({"top": {"partial_rotary_factor": 0.5}}, "partial_rotary_factor=0.5"),
     "rope type": ({"qwen3": {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}}, "proportional"),
-    "window without use_sliding_window": ({"qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}}, "use_sliding_window: true"),
+    "window without use_sliding_window": (
+        {"qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}},
+        "use_sliding_window: true",
+    ),
     "unknown key": ({"top": {"frobnicate": 3}}, "unknown config key frobnicate=3"),
     "model_type": ({"top": {"model_type": "llama"}}, "model_type='llama'"),
     "architectures": ({"top": {"architectures": ["DFlash2DraftModel"]}}, "DFlash2DraftModel"),
@@ -136,7 +139,7 @@ def test_pickle_with_code_is_still_refused(tmp_path):
 
 def test_fit_refuses_a_drafter_of_another_target_before_its_weights(qwen3_target, tmp_path):
     """Phase 2 needs only the target's config and tokenizer (a TargetInfo does)."""
-    from dflash.target import inspect_target
+    from dflash.models.target import inspect_target
 
     info = inspect_target("hf", str(qwen3_target.info.weights if qwen3_target.info else qwen3_target.source))
     src = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", dflash={"target_layer_ids": [1, 2, 9]})))
@@ -191,7 +194,7 @@ def test_length_dependent_rope_past_its_limit(qwen3_target, tmp_path, rope):
     fit_drafter(src, qwen3_target, max_len=20)  # 20 + a block of 4 stays within 32
     with pytest.raises(CheckpointError, match=f"{rope['rope_type']} rope limit of 32 positions"):
         fit_drafter(src, qwen3_target, max_len=30)
-    from dflash.checkpoint import build_drafter
+    from dflash.models.checkpoint import build_drafter
 
     model = build_drafter(fit_drafter(src, qwen3_target)).model
     with torch.no_grad():

@@ -5,11 +5,22 @@ import random
 import pytest
 import torch
 
-from dflash.errors import NumericsError
-from dflash.metrics import (Counters, accept_rate, accept_rate_cond, acceptance_length, accuracy, commit_share, expected_acceptance_length, position_curves,
-                            position_table, ratio_se, summarize)
-from dflash.replay import evaluate_sequence, replay, teacher_forced
-from dflash.target import tapped_forward
+from dflash.models.target import tapped_forward
+from dflash.stages.metrics import (
+    Counters,
+    accept_rate,
+    accept_rate_cond,
+    acceptance_length,
+    accuracy,
+    commit_share,
+    expected_acceptance_length,
+    position_curves,
+    position_table,
+    ratio_se,
+    summarize,
+)
+from dflash.stages.replay import evaluate_sequence, replay, teacher_forced
+from dflash.util.errors import NumericsError
 
 B = 16
 
@@ -63,7 +74,9 @@ def test_partial_acceptance_counts():
 
 
 def test_metric_conventions():
-    c = Counters(block_size=4, steps=10, committed=25, accepted=15, drafted=30, accepted_at_pos=[8, 5, 2], tf_correct=[8, 4, 1], tf_total=[10, 10, 10])
+    c = Counters(
+        block_size=4, steps=10, committed=25, accepted=15, drafted=30, accepted_at_pos=[8, 5, 2], tf_correct=[8, 4, 1], tf_total=[10, 10, 10]
+    )
     assert acceptance_length(c) == 2.5
     assert accept_rate(c) == [0.8, 0.5, 0.2]
     assert accept_rate_cond(c) == pytest.approx([0.8, 5 / 8, 2 / 5])

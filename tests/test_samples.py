@@ -1,4 +1,4 @@
-"""dflash.samples: samples.json records (one per prompt, its verify steps) and samples.html (the
+"""dflash.report.samples: samples.json records (one per prompt, its verify steps) and samples.html (the
 reference with accepted / rejected / bonus tokens marked, hostile prompt text escaped). Byte-level
 tokenizers built here split characters over tokens, as SmolLM2's does; no model is needed."""
 
@@ -9,9 +9,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from dflash.prompts import Prompt
-from dflash.replay import replay
-from dflash.samples import CSS, artifacts, sample_record, samples_html, token_pieces
+from dflash.report.samples import CSS, artifacts, sample_record, samples_html, token_pieces
+from dflash.stages.prompts import Prompt
+from dflash.stages.replay import replay
 
 HOSTILE = "<script>alert('x')</script> and <img src=x onerror=alert(1)> \"quoted\" & more"
 

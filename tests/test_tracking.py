@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from dflash import tracking
-from dflash.errors import Terminated
+from dflash.util.errors import Terminated
 
 
 @pytest.fixture
@@ -35,7 +35,9 @@ def test_reap_ends_only_runs_whose_process_is_gone(uri, capsys):
     dead.wait()
     ids = {
         "dead": _running(client, exp, "dead", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(dead.pid)}),
-        "alive": _running(client, exp, "alive", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: tracking.start_ticks(me) or ""}),
+        "alive": _running(
+            client, exp, "alive", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: tracking.start_ticks(me) or ""}
+        ),
         "reused pid": _running(client, exp, "reused", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: "1"}),
         "other host": _running(client, exp, "other", **{tracking.HOST_TAG: host + "-elsewhere", tracking.PID_TAG: "1"}),
     }
@@ -83,7 +85,7 @@ def test_every_exit_ends_the_run_and_a_signal_its_sweep_parent(uri, exc, status,
 
 
 def test_unwritable_store_is_a_tracking_error(tmp_path):
-    from dflash.errors import TrackingError
+    from dflash.util.errors import TrackingError
 
     with pytest.raises(TrackingError, match="cannot write beside the MLflow store"):
         tracking.Run("sqlite:////proc/dflash-nope/mlflow.db", "x", "r")
@@ -99,7 +101,9 @@ def test_saved_view_puts_tau_and_curves_first_and_learns_new_subsets(uri):
     state = json.loads(view["state"])
     assert view["name"] == "dflash: τ and curves" and "τ" in tags["mlflow.note.content"]
     assert state["selectedColumns"][:3] == ["attributes.`Dataset`", "metrics.`acceptance_length`", "metrics.`acceptance_length_se`"]
-    assert "metrics.`acceptance_length/humaneval`" in state["selectedColumns"] and "metrics.`acceptance_length/train_like`" in state["selectedColumns"]
+    assert (
+        "metrics.`acceptance_length/humaneval`" in state["selectedColumns"] and "metrics.`acceptance_length/train_like`" in state["selectedColumns"]
+    )
     first = [c["metricKey"] for c in state["compareRunCharts"] if c["metricSectionId"] == state["compareRunSections"][0]["uuid"]]
     assert first == ["acceptance_length", "by_position/accept_rate", "by_position/accept_rate_cond", "by_position/accuracy", "by_commit/share"]
     assert state["isAccordionReordered"] and [s["display"] for s in state["compareRunSections"][:2]] == [True, True]

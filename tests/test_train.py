@@ -13,18 +13,18 @@ import torch
 from omegaconf import OmegaConf
 
 from dflash import train as T
-from dflash.checkpoint import init_config
-from dflash.drafter import DFlashDrafter
-from dflash.errors import ConfigError
-from dflash.target import Target, forward
+from dflash.config.train import BugsConfig, check
+from dflash.models.checkpoint import init_config
+from dflash.models.drafter import DFlashDrafter
+from dflash.models.target import Target, forward
 from dflash.train.batch import Batcher, sample_anchors, step_batch
-from dflash.train.config import BugsConfig, check
 from dflash.train.data import Sequence
 from dflash.train.labels import block_labels, final_tap_is_normed, greedy_labels_from_hidden, noised
 from dflash.train.loss import dflash_loss
 from dflash.train.step import StepSettings, lr_at, variant_inputs
 from dflash.train.taps import needed_layers, target_states
 from dflash.train.variants import parse_variant, resolve_variants, variant_layer_ids
+from dflash.util.errors import ConfigError
 
 VOCAB, H, LAYERS = 96, 32, 4
 
@@ -105,7 +105,9 @@ def test_loss_is_position_weighted_and_normalised():
     valid = torch.tensor([[[False, True, True, True], [False, True, False, False]]])
     ce = torch.nn.functional.cross_entropy(logits.view(-1, V), labels.view(-1), reduction="none").view(1, 2, B)
     w = torch.exp(-(torch.arange(B) - 1) / 7.0)
-    want = sum(ce[0, n, k] * w[k] for n in range(2) for k in range(1, B) if valid[0, n, k]) / sum(w[k] for n in range(2) for k in range(1, B) if valid[0, n, k])
+    want = sum(ce[0, n, k] * w[k] for n in range(2) for k in range(1, B) if valid[0, n, k]) / sum(
+        w[k] for n in range(2) for k in range(1, B) if valid[0, n, k]
+    )
     assert torch.allclose(dflash_loss(logits, labels, valid, 7.0), want)
     assert torch.allclose(dflash_loss(logits, labels, valid, 7.0, dilution_bug=True), ce.mean())
 

@@ -5,13 +5,14 @@ prompt), regenerated sequences and their cache, and what bug 1's noise does to t
 from __future__ import annotations
 
 import torch
+from test_train import VOCAB, H, seqs, target  # noqa: F401 (fixtures)
 
-from dflash.target import forward
+from dflash.models.target import forward
 from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_last_hidden
-from test_train import H, VOCAB, seqs, target  # noqa: F401 (fixtures)
+
 
 def test_no_training_prompt_overlaps_an_evaluation_prompt():
-    from dflash.train.prompts import build_prompts, evaluation_prompts, overlaps, prompt_text, OverlapFilter
+    from dflash.train.prompts import OverlapFilter, build_prompts, evaluation_prompts, overlaps, prompt_text
 
     evals = evaluation_prompts()
     assert {"builtin", "humaneval"} <= set(evals) and len(evals["humaneval"]) == 164
@@ -41,8 +42,8 @@ def test_training_prompts_deterministic_and_mixed():
 
 
 def test_sequences_regenerated_and_cached(target, tmp_path):
+    from dflash.stages.prompts import Prompt
     from dflash.train.data import build_sequences
-    from dflash.prompts import Prompt
 
     class Tok:
         chat_template = None

@@ -12,9 +12,10 @@ import json
 
 import pytest
 import torch
+from test_train import LAYERS, seqs, target, tiny_cfg  # noqa: F401 (fixtures)
 
 from dflash import train as T
-from dflash.target import forward
+from dflash.models.target import forward
 from dflash.train.arch import base_layer_ids, drafter_config, init_drafter
 from dflash.train.batch import Batcher, sample_anchors
 from dflash.train.labels import block_labels, greedy_labels_from_hidden, noised
@@ -22,12 +23,14 @@ from dflash.train.loss import dflash_loss
 from dflash.train.step import lr_at, make_optimizer
 from dflash.train.taps import needed_layers
 from dflash.train.variants import resolve_variants, variant_layer_ids
-from test_train import LAYERS, seqs, target, tiny_cfg  # noqa: F401 (fixtures)
+
 
 def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
-    from dflash.checkpoint import load_drafter
+    from dflash.models.checkpoint import load_drafter
 
-    cfg = tiny_cfg(tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 4}, export_steps=[2])
+    cfg = tiny_cfg(
+        tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 4}, export_steps=[2]
+    )
     out = T.train(cfg, target=target, seqs=seqs)
     assert set(out) == {"fixed", "noisy_labels", "final_layer", "loss_dilution"}
     assert out["noisy_labels"]["acc"] != out["noisy_labels"]["acc_clean"] or out["noisy_labels"]["label_flip_rate"] > 0
@@ -59,7 +62,9 @@ def reference_weights(cfg, target, seqs, steps: int) -> dict[str, dict[str, torc
     batcher = Batcher(seqs, o.batch_size, o.max_seq_len, 2, seed)
     runs = {}
     for v in resolve_variants(cfg):
-        model = init_drafter(drafter_config(cfg, target, variant_layer_ids(base_layer_ids(cfg, LAYERS), LAYERS, v.bugs)), target, seed, torch.device("cpu"))
+        model = init_drafter(
+            drafter_config(cfg, target, variant_layer_ids(base_layer_ids(cfg, LAYERS), LAYERS, v.bugs)), target, seed, torch.device("cpu")
+        )
         runs[v.name] = (model, make_optimizer(model, o, torch.device("cpu")), v.bugs)
     for step in range(steps):
         ids, seq_lens, prompt_lens = batcher.get(step)

@@ -16,13 +16,13 @@ Layout (what evaluate.py logs through `Run`; README "What it reports" and "MLflo
   together); scalars that are undefined (None, NaN) are not logged; curves (`by_position/<kind>`,
   step = draft slot; `by_commit/share`, step = tokens committed) never share a name with a scalar.
 - Sweeps: every job of one `-m` sweep is a child of one parent run per experiment, found by the
-  sweep's unique id (tag `dflash.sweep_id`, see dflash/entry.py), never by its folder. `close_sweep`
-  gives the parent the comparison of its children (`sweep/children.csv`, `sweep/tau.png`,
-  `sweep/per_position.png`, from dflash.compare), the best child's τ as its metrics, the failed
+  sweep's unique id (tag `dflash.sweep_id`, see dflash/entry.py), never by its folder. At the end
+  `sweep_parents` reads the children back and `finish_parent` gives the parent what dflash/entry.py made
+  of them (`sweep/children.csv`, `sweep/tau.png`, `sweep/per_position.png`, from dflash.report.sweep), the best child's τ as its metrics, the failed
   jobs, a description, and ends it FINISHED, FAILED or KILLED. Creating the store, an experiment, a
   parent happens under a file lock, so jobs launched in parallel never race.
 - Runs always end: `Run` is a context manager; an exception ends it FAILED with the error as a tag,
-  Ctrl-C and SIGTERM (dflash.errors.Terminated) end it KILLED, and its sweep parent too. A run left
+  Ctrl-C and SIGTERM (dflash.util.errors.Terminated) end it KILLED, and its sweep parent too. A run left
   RUNNING by a hard kill is found at the next start (`reap`: RUNNING runs of this host whose process
   is gone, the pid's start time telling a reused pid apart) and ended KILLED with a tag saying why;
   `python -m dflash.tracking reap [--uri URI] [--run RUN_ID ...]` does it on demand.
@@ -34,11 +34,50 @@ several runs in one process (Hydra's basic launcher) cannot step on each other.
 """
 
 from dflash.tracking.run import NoRun, Run, flatten, log_files
-from dflash.tracking.store import (HOST_TAG, PID_START_TAG, PID_TAG, ROLE_TAG, SWEEP_TAG, ensure_experiment, find_runs, load_per_prompt,
-                                   main, mlflow_client, open_store, reap, start_ticks, store_lock)
-from dflash.tracking.sweep import close_sweep, open_sweep
+from dflash.tracking.store import (
+                                   HOST_TAG,
+                                   PID_START_TAG,
+                                   PID_TAG,
+                                   ROLE_TAG,
+                                   SWEEP_TAG,
+                                   ensure_experiment,
+                                   find_runs,
+                                   load_per_prompt,
+                                   main,
+                                   mlflow_client,
+                                   open_store,
+                                   reap,
+                                   start_ticks,
+                                   store_lock,
+)
+from dflash.tracking.sweep import ChildRun, ParentRun, finish_parent, open_sweep, sweep_parents
 from dflash.tracking.view import eval_view, setup_eval_experiment, view_url
 
-__all__ = ["HOST_TAG", "PID_START_TAG", "PID_TAG", "ROLE_TAG", "SWEEP_TAG", "NoRun", "Run", "mlflow_client", "close_sweep", "ensure_experiment",
-           "eval_view", "find_runs", "flatten", "load_per_prompt", "log_files", "main", "open_store", "open_sweep", "reap",
-           "setup_eval_experiment", "start_ticks", "store_lock", "view_url"]
+__all__ = [
+    "HOST_TAG",
+    "PID_START_TAG",
+    "PID_TAG",
+    "ROLE_TAG",
+    "SWEEP_TAG",
+    "NoRun",
+    "Run",
+    "mlflow_client",
+    "ChildRun",
+    "ParentRun",
+    "finish_parent",
+    "sweep_parents",
+    "ensure_experiment",
+    "eval_view",
+    "find_runs",
+    "flatten",
+    "load_per_prompt",
+    "log_files",
+    "main",
+    "open_store",
+    "open_sweep",
+    "reap",
+    "setup_eval_experiment",
+    "start_ticks",
+    "store_lock",
+    "view_url",
+]

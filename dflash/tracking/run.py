@@ -9,10 +9,23 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from dflash.errors import Terminated, TrackingError, signals_deferred
-from dflash.tracking.store import (MAX_TAG, NOTE_TAG, PARENT_TAG, SWEEP_TAG, ensure_experiment, library_versions, mlflow_client, open_store,
-                                   process_tags, reap, source_tags, store_lock, sweep_parent)
+from dflash.tracking.store import (
+    MAX_TAG,
+    NOTE_TAG,
+    PARENT_TAG,
+    SWEEP_TAG,
+    ensure_experiment,
+    library_versions,
+    mlflow_client,
+    open_store,
+    process_tags,
+    reap,
+    source_tags,
+    store_lock,
+    sweep_parent,
+)
 from dflash.tracking.view import setup_eval_experiment, view_url
+from dflash.util.errors import Terminated, TrackingError, signals_deferred
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -46,7 +59,12 @@ class Run:
             self.experiment_id = ensure_experiment(self.client, experiment, artifact_location)
             if sweep is not None:
                 self.parent_id = sweep_parent(self.client, self.experiment_id, sweep)
-        all_tags = {**{k: str(v)[:MAX_TAG] for k, v in (tags or {}).items() if v is not None}, **source_tags(), **library_versions(), **process_tags()}
+        all_tags = {
+            **{k: str(v)[:MAX_TAG] for k, v in (tags or {}).items() if v is not None},
+            **source_tags(),
+            **library_versions(),
+            **process_tags(),
+        }
         if self.parent_id:
             all_tags.update({PARENT_TAG: self.parent_id, SWEEP_TAG: sweep.id})
         if resume_id:  # a resumed training run keeps logging to its run, now from this process

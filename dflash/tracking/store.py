@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from dflash.errors import TrackingError
+from dflash.util.errors import TrackingError
 
 SWEEP_TAG = "dflash.sweep_id"
 ROLE_TAG = "dflash.role"  # "sweep" on a sweep's parent
@@ -161,8 +161,13 @@ def source_tags() -> dict[str, str]:
     tags = {k: v for k, v in resolve_tags().items() if k.startswith("mlflow.source.") or k == "mlflow.user"}
     try:
         here = Path(__file__).parent
-        tags.setdefault("mlflow.source.git.commit", subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here).stdout.strip())
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
+        tags.setdefault(
+            "mlflow.source.git.commit",
+            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here).stdout.strip(),
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True, cwd=here
+        ).stdout.strip()
         tags["mlflow.source.git.dirty"] = "true" if dirty else "false"
     except (OSError, subprocess.CalledProcessError):
         pass  # not a git checkout
@@ -174,8 +179,12 @@ def library_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"version.python": platform.python_version(), "version.torch": torch.__version__, "version.transformers": transformers.__version__, "version.mlflow": mlflow.__version__}
-
+    return {
+        "version.python": platform.python_version(),
+        "version.torch": torch.__version__,
+        "version.transformers": transformers.__version__,
+        "version.mlflow": mlflow.__version__,
+    }
 
 
 # --- a sweep's parent -------------------------------------------------------------------------------
@@ -202,7 +211,12 @@ def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
         return []
     found = client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'") if len(run) == 32 and run.isalnum() else []
     if not found:
-        found = client.search_runs(exps, filter_string=f"attributes.run_name = '{run}' and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"], max_results=limit)
+        found = client.search_runs(
+            exps,
+            filter_string=f"attributes.run_name = '{run}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=limit,
+        )
     return [(r.info.run_id, r.info.run_name) for r in found]
 
 

@@ -1,15 +1,28 @@
-"""A `-m` sweep's parent run: opened at the sweep's start, closed at its end with the comparison of
-its children (table, plots, best τ, description) and its status."""
+"""A `-m` sweep's parent run: opened at the sweep's start; at its end its children are read back
+(`sweep_parents`) and the parent is given what the caller made of them (`finish_parent`: files, the
+best child's τ, tags, a description, its status). No report code here: dflash/entry.py composes the
+comparison (dflash.report.sweep) between the two calls."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from dflash.errors import TrackingError
 from dflash.tracking.run import Run
-from dflash.tracking.store import (PARENT_TAG, ROLE_TAG, SWEEP_TAG, ensure_experiment, load_per_prompt, mlflow_client, open_store, reap,
-                                   store_lock, sweep_parent)
+from dflash.tracking.store import (
+    PARENT_TAG,
+    ROLE_TAG,
+    SWEEP_TAG,
+    ensure_experiment,
+    load_per_prompt,
+    mlflow_client,
+    open_store,
+    reap,
+    store_lock,
+    sweep_parent,
+)
+from dflash.util.errors import TrackingError
 
 
 def open_sweep(uri: str, experiment: str, sweep: Any, artifact_location: str | None = None) -> str:
@@ -20,40 +33,56 @@ def open_sweep(uri: str, experiment: str, sweep: Any, artifact_location: str | N
         return sweep_parent(client, ensure_experiment(client, experiment, artifact_location), sweep)
 
 
-def close_sweep(uri: str, sweep_id: str, failed: Sequence[dict[str, Any]] = (), status: str | None = None, reason: str = "") -> list[str]:
-    """End every parent of the sweep: the comparison of its children (table, plots, best τ, description),
-    the failed jobs, and the status (None: FINISHED when every job passed, else FAILED). -> parent ids."""
-    from dflash import compare, report
+@dataclass
+class ChildRun:
+    """A sweep child as the store holds it."""
 
+    name: str
+    run_id: str
+    job: int
+    status: str  # FINISHED, FAILED, KILLED, RUNNING
+    overrides: list[str]
+    params: dict[str, str]
+    rows: list[dict[str, Any]] | None  # per_prompt.json; None: it logged none (failed)
+
+
+@dataclass
+class ParentRun:
+    name: str
+    run_id: str
+    children: list[ChildRun] = field(default_factory=list)  # in job order
+
+
+def sweep_parents(uri: str, sweep_id: str) -> list[ParentRun]:
+    """Every parent of the sweep (one per experiment) with its children, in job order."""
     client = mlflow_client(uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     parents = client.search_runs(exps, f"tags.`{SWEEP_TAG}` = '{sweep_id}' and tags.`{ROLE_TAG}` = 'sweep'") if exps else []
+    out = []
     for parent in parents:
-        pid = parent.info.run_id
-        kids = client.search_runs([parent.info.experiment_id], f"tags.`{PARENT_TAG}` = '{pid}'", max_results=5000)
+        kids = client.search_runs([parent.info.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", max_results=5000)
         kids.sort(key=lambda k: int(k.data.tags.get("dflash.job", "0")))
-        values = compare.swept_values([json.loads(k.data.tags.get("overrides", "[]")) for k in kids])
-        children = [compare.Child(k.info.run_name, k.info.run_id, v, _rows_or_none(uri, k)) for k, v in zip(kids, values)]
-        table = compare.sweep_table(children) if children else []
-        bad_jobs = sorted({int(r["job"]) for r in failed} | {int(k.data.tags.get("dflash.job", -1)) for k in kids if k.info.status != "FINISHED"})
-        final = status or ("FAILED" if bad_jobs else "FINISHED")
-        run = Run.__new__(Run)  # log through Run's methods on the existing parent
-        run.client, run.run_id, run._params = client, pid, set()
-        if children:
-            run.log_files(compare.sweep_artifacts(children, title=parent.info.run_name))
-        best = compare.best(table)
-        if best is not None:
-            m = client.get_run(best["run_id"]).data.metrics
-            run.log_metrics({k: v for k, v in m.items() if k.startswith(("acceptance_length", "expected_acceptance_length"))}, digits=4)
-            run.set_tags({"dflash.best_child": f"{best['run']} ({best['run_id']})"})
-        fails = [f"job {r['job']} ({r.get('label') or ' '.join(r['overrides'])}): {r['error']}" for r in failed]
-        tags = {"dflash.jobs": f"{len(kids)} children, {len(bad_jobs)} failed", "dflash.failed_jobs": "; ".join(fails) or None}
-        if final != "FINISHED" and reason:
-            tags["dflash.killed" if final == "KILLED" else "error"] = reason
-        run.set_tags(tags)
-        run.set_note(report.sweep_markdown(parent.info.run_name, table, fails, final, reason))
-        client.set_terminated(pid, final)
-    return [p.info.run_id for p in parents]
+        children = [ChildRun(k.info.run_name, k.info.run_id, int(k.data.tags.get("dflash.job", -1)), k.info.status,
+                             json.loads(k.data.tags.get("overrides", "[]")), dict(k.data.params), _rows_or_none(uri, k)) for k in kids]
+        out.append(ParentRun(parent.info.run_name, parent.info.run_id, children))
+    return out
+
+
+def finish_parent(uri: str, parent_id: str, status: str, files: dict[str, bytes], best_child: tuple[str, str] | None,
+                  tags: dict[str, Any], note: str) -> None:
+    """Log the comparison to the parent and end it `status`; `best_child` (name, run id): its τ metrics become the parent's."""
+    client = mlflow_client(uri)
+    run = Run.__new__(Run)  # log through Run's methods on the existing parent
+    run.client, run.run_id, run._params = client, parent_id, set()
+    if files:
+        run.log_files(files)
+    if best_child is not None:
+        m = client.get_run(best_child[1]).data.metrics
+        run.log_metrics({k: v for k, v in m.items() if k.startswith(("acceptance_length", "expected_acceptance_length"))})
+        tags = {**tags, "dflash.best_child": f"{best_child[0]} ({best_child[1]})"}
+    run.set_tags(tags)
+    run.set_note(note)
+    client.set_terminated(parent_id, status)
 
 
 def _rows_or_none(uri: str, run) -> list[dict[str, Any]] | None:
@@ -63,5 +92,3 @@ def _rows_or_none(uri: str, run) -> list[dict[str, Any]] | None:
         return load_per_prompt(uri, run.info.run_id)
     except TrackingError:
         return None
-
-

@@ -53,8 +53,15 @@ def eval_view(subsets: Sequence[str]) -> dict[str, Any]:
     return {
         "selectedColumns": ["attributes.`Dataset`", *[f"metrics.`{m}`" for m in metric_cols]],
         "compareRunCharts": charts,
-        "compareRunSections": [{"uuid": u, "name": n, "display": d, "isReordered": False, "deleted": False, "isGenerated": False} for u, n, d in sections],
-        "isAccordionReordered": True, "hideEmptyCharts": True, "runsExpanded": {}, "runsPinned": [], "runsHidden": [], "groupBy": None,
+        "compareRunSections": [
+            {"uuid": u, "name": n, "display": d, "isReordered": False, "deleted": False, "isGenerated": False} for u, n, d in sections
+        ],
+        "isAccordionReordered": True,
+        "hideEmptyCharts": True,
+        "runsExpanded": {},
+        "runsPinned": [],
+        "runsHidden": [],
+        "groupBy": None,
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
 

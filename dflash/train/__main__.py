@@ -1,37 +1,36 @@
 """Entry point: `python -m dflash.train [group=choice] [key=value]` (Hydra, conf/train.yaml).
 
-Trains every variant of the config and prints each one's summary as JSON. Bad input (a config
-value, a missing file or package) exits with status 2 and a message that says what to fix.
+Trains every variant of the config and prints each one's summary as JSON. Under the evaluation's
+exit policy (dflash/entry.py): bad input (a config value, a missing file or package) exits 2 with a
+message that says what to fix, Ctrl-C / SIGTERM 130 / 143, a bug 1 with its traceback.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
-from dflash.errors import UserError, exit_code, install_signal_handlers, verbose
-from dflash.progress import configure
+from dflash import entry
+from dflash.config.train import TrainSchema
 from dflash.train import register, train
+from dflash.util.progress import configure
 
 register()
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
-def main(cfg: DictConfig) -> None:
+def _train(cfg: DictConfig, ctx: entry.JobContext) -> None:
     configure()
-    install_signal_handlers()
-    try:
-        out = train(cfg)
-    except UserError as e:
-        if verbose():
-            raise
-        print(f"dflash-train: error: {e}", file=sys.stderr)
-        sys.exit(exit_code(e))
+    out: dict[str, dict[str, Any]] = train(cfg)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if not kk.startswith("acc_clean_")} for k, v in out.items()}, indent=1))
 
 
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    entry.run_job(_train, cfg)
+
+
 if __name__ == "__main__":
-    main()
+    entry.main(main, TrainSchema)

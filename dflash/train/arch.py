@@ -1,6 +1,6 @@
 """The drafter the trainer builds: its taps, its DrafterConfig, its initial weights.
 
-The one place where the trainer meets dflash.drafter's config and tap rule (`DrafterConfig` through
+The one place where the trainer meets dflash.models.drafter's config and tap rule (`DrafterConfig` through
 `checkpoint.init_config`, `build_target_layer_ids`), so a change there is a change here only.
 Taps, in order of precedence: `drafter.target_layer_ids`; the target's `default_taps` when their
 count is `drafter.num_taps`; the public spread for `drafter.num_taps` taps.
@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from dflash.checkpoint import init_config
-from dflash.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
-from dflash.errors import ConfigError
+from dflash.models.checkpoint import init_config
+from dflash.models.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
+from dflash.util.errors import ConfigError
 
 
 def base_layer_ids(cfg: Any, num_target_layers: int) -> list[int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dflash.errors import ConfigError
+from dflash.util.errors import ConfigError
 
 
 @dataclass

@@ -118,11 +118,13 @@ ITEMS = ["apples", "pencils", "stickers", "books", "cookies", "stamps", "shells"
 PLACES = ["shop", "library", "farm", "school fair", "garage sale", "bakery stall", "market"]
 ARITH_TEMPLATES = [
     "{a} has {x} {item}. {b} gives {a} {y} more, and then {a} uses {z} of them. How many {item} does {a} own now? Work it out step by step.",
-    "A {place} sells {item} in packs of {x}. {a} buys {y} packs and shares them equally among {z} friends. How many {item} does each friend get, and how many are left over? Show each step.",
+    "A {place} sells {item} in packs of {x}. {a} buys {y} packs and shares them equally among {z} friends. "
+    "How many {item} does each friend get, and how many are left over? Show each step.",
     "{a} earns {x} dollars a week and saves {p} percent of it. How much does {a} save in {y} weeks? Explain the calculation.",
     "A rectangle has a length of {x} cm and a width of {y} cm. What are its area and its perimeter? Show the formulas you use.",
     "{a} reads {x} pages on Monday and {y} pages on each of the next {z} days. How many pages has {a} read in total? Give a step-by-step answer.",
-    "At the {place}, {item} cost {x} cents each. {a} pays with a {y}-dollar note for {z} of them. How much change does {a} get? Solve it step by step.",
+    "At the {place}, {item} cost {x} cents each. {a} pays with a {y}-dollar note for {z} of them. "
+    "How much change does {a} get? Solve it step by step.",
     "A car uses {x} litres of fuel per 100 km. How much fuel does it need for a trip of {y} km? Explain your reasoning.",
     "{a} is {x} years old and {b} is {y} years older. In {z} years, what will the sum of their ages be? Show your working.",
     "A tank holds {x} litres. It is filled at {y} litres per minute. How many minutes does it take to fill it from empty? Round up and explain.",

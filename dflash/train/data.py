@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from dflash.files import atomic_write
-from dflash.progress import log
-from dflash.prompts import Prompt, render
+from dflash.stages.prompts import Prompt, render
+from dflash.util.files import atomic_write
+from dflash.util.progress import log
 
 
 @dataclass
@@ -42,7 +42,7 @@ def data_key(identity: str, prompt_ids: list[list[int]], max_new_tokens: int, te
 
 def generate_shard(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int, path: Path) -> tuple[list[int], list[int], list[int]]:
     """Greedy responses to rendered prompts, saved as one shard -> flat ids, lengths, prompt lengths."""
-    from dflash.references import greedy_generate
+    from dflash.stages.references import greedy_generate
 
     t0 = time.time()
     comps = greedy_generate(target, prompts, max_new_tokens, batch_size)

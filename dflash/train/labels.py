@@ -52,7 +52,7 @@ def logits_from_last(target: Any, h: Tensor, normed: bool) -> Tensor:
 @torch.no_grad()
 def final_tap_is_normed(target: Any) -> bool:
     """Does tap num_layers - 1 come through the final norm (lm_head of it == the logits)? Checked, not assumed."""
-    from dflash.target import forward
+    from dflash.models.target import forward
 
     ids = torch.tensor([[1, 2, 3, 4]], device=target.device)
     logits = forward(target, ids).logits  # the full forward: the only one the trainer runs
@@ -94,7 +94,9 @@ class LabelFlipStats:
 
 
 @torch.no_grad()
-def label_flip_stats(target: Any, last_hidden: Tensor, std: float, normed: bool, draws: int = 32, gen: torch.Generator | None = None) -> LabelFlipStats:
+def label_flip_stats(
+    target: Any, last_hidden: Tensor, std: float, normed: bool, draws: int = 32, gen: torch.Generator | None = None
+) -> LabelFlipStats:
     """What bug 1 does to the labels at noise `std`, over positions last_hidden [N, H] (final layer),
     `draws` noise draws each. Where the majority label flips, a drafter trained on these labels
     learns another token than the target's; the confident positions are those it can get right."""

@@ -36,7 +36,13 @@ class Window:
     def add(self, m: StepStats, dt: float) -> None:
         self.hit_own, self.hit_clean = self.hit_own + m.hit_own, self.hit_clean + m.hit_clean
         self.count, self.prefix = self.count + m.count, self.prefix + m.prefix
-        self.loss, self.n, self.tokens, self.time, self.flip = self.loss + m.loss, self.n + 1, self.tokens + m.tokens, self.time + dt, self.flip + m.label_flip_rate
+        self.loss, self.n, self.tokens, self.time, self.flip = (
+            self.loss + m.loss,
+            self.n + 1,
+            self.tokens + m.tokens,
+            self.time + dt,
+            self.flip + m.label_flip_rate,
+        )
 
     @property
     def tokens_per_s(self) -> float:
@@ -74,7 +80,9 @@ class Tracker:
             rid_file = run_dir / "mlflow_run_id"
             run_id = rid_file.read_text().strip() if rid_file.is_file() else None  # resumed: keep logging to it
             tags = {"dflash.kind": "train", "dflash.variant": name, **{f"dflash.bug.{k}": str(v) for k, v in bugs.items()}}
-            self.run = tracking.Run(t.uri, t.experiment or f"dflash-train/{target_name}", name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id)
+            self.run = tracking.Run(
+                t.uri, t.experiment or f"dflash-train/{target_name}", name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id
+            )
             if not run_id:
                 rid_file.write_text(self.run.run_id)
                 self.run.log_params(params)

@@ -24,9 +24,20 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from dflash.prompts import Prompt, load_prompts, read_jsonl
-from dflash.train.corpus import (ARITH_TEMPLATES, CLASS_GENERAL_TEMPLATES, CLASS_TEMPLATES, CODE_TEMPLATES, GENERAL_TASKS, GENERAL_TEMPLATES, ITEMS,
-                                 NAMES, PLACES, SOURCE_TEMPLATES, STDLIB_MODULES)
+from dflash.stages.prompts import Prompt, load_prompts, read_jsonl
+from dflash.train.corpus import (
+    ARITH_TEMPLATES,
+    CLASS_GENERAL_TEMPLATES,
+    CLASS_TEMPLATES,
+    CODE_TEMPLATES,
+    GENERAL_TASKS,
+    GENERAL_TEMPLATES,
+    ITEMS,
+    NAMES,
+    PLACES,
+    SOURCE_TEMPLATES,
+    STDLIB_MODULES,
+)
 
 NGRAM = 8
 CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
@@ -210,7 +221,7 @@ def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 
 
 
 def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
-    from dflash.files import atomic_write_text
+    from dflash.util.files import atomic_write_text
 
     atomic_write_text(Path(path), "".join(json.dumps({"id": p.id, "subset": p.subset, "prompt": prompt_text(p)}) + "\n" for p in prompts))
 

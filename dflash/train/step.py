@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dflash.drafter import DFlashDrafter
-from dflash.errors import ConfigError
+from dflash.config.train import BugsConfig
+from dflash.models.drafter import DFlashDrafter
 from dflash.train.batch import Batch
-from dflash.train.config import BugsConfig
 from dflash.train.labels import block_labels, bug1_labels, noised
 from dflash.train.loss import dflash_loss
 from dflash.train.taps import TargetStates
+from dflash.util.errors import ConfigError
 
 
 @dataclass
@@ -78,10 +78,14 @@ def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
 
 
 def make_optimizer(model: DFlashDrafter, o: Any, device: torch.device) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=float(o.lr), betas=(float(o.beta1), float(o.beta2)), weight_decay=float(o.weight_decay), fused=device.type == "cuda")
+    return torch.optim.AdamW(
+        model.parameters(), lr=float(o.lr), betas=(float(o.beta1), float(o.beta2)), weight_decay=float(o.weight_decay), fused=device.type == "cuda"
+    )
 
 
-def variant_inputs(target: Any, states: TargetStates, batch: Batch, model: DFlashDrafter, bugs: BugsConfig, s: StepSettings, noise_gen: torch.Generator | None) -> VariantInputs:
+def variant_inputs(
+    target: Any, states: TargetStates, batch: Batch, model: DFlashDrafter, bugs: BugsConfig, s: StepSettings, noise_gen: torch.Generator | None
+) -> VariantInputs:
     """What one variant trains on this step (noise drawn from noise_gen: taps first, then bug 1's)."""
     B = model.cfg.block_size
     taps = noised(states.select(model.cfg.target_layer_ids), s.noise_std, noise_gen)  # augmentation: fc inputs only
@@ -95,7 +99,9 @@ def variant_inputs(target: Any, states: TargetStates, batch: Batch, model: DFlas
     return VariantInputs(taps, target.embed(block), labels, clean, slot_valid)
 
 
-def train_step(model: DFlashDrafter, opt: torch.optim.Optimizer, target: Any, x: VariantInputs, anchors: Tensor, bugs: BugsConfig, s: StepSettings, lr: float) -> StepStats:
+def train_step(
+    model: DFlashDrafter, opt: torch.optim.Optimizer, target: Any, x: VariantInputs, anchors: Tensor, bugs: BugsConfig, s: StepSettings, lr: float
+) -> StepStats:
     """One optimizer step of one variant -> its counters."""
     for g in opt.param_groups:
         g["lr"] = lr

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dflash.errors import ConfigError
-from dflash.train.config import BugsConfig
+from dflash.config.train import BugsConfig
+from dflash.util.errors import ConfigError
 
 VARIANT_NAMES = ("fixed", "noisy_labels", "final_layer", "loss_dilution")
 BUG_NAMES = tuple(f.name for f in fields(BugsConfig))

@@ -1,7 +1,7 @@
 """The trainer's config schema (conf/train.yaml), registered with Hydra as `train_schema`.
 
 `TrainConfig` is what `train()` reads (tests build it with OmegaConf.structured); `TrainSchema`
-types the shared groups (target, device, tracking) with dflash.config's schemas, so a typo or a
+types the shared groups (target, device, tracking) with dflash.config.schema's schemas, so a typo or a
 wrong type in conf/train.yaml or an override fails at compose time. `check` names the field of any
 value the schema's types cannot refuse (an unknown backend, a non-positive size). This module and
 `__main__.py` are the only ones of the trainer that know Hydra.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dflash.config import DeviceConfig, TargetConfig, TrackingConfig
-from dflash.errors import ConfigError
+from dflash.config.schema import DeviceConfig, TargetConfig, TrackingConfig
+from dflash.util.errors import ConfigError
 
 
 @dataclass
@@ -68,9 +68,9 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    target: Any = None  # dflash.config.TargetConfig
-    device: Any = None  # dflash.config.DeviceConfig
-    tracking: Any = None  # dflash.config.TrackingConfig
+    target: Any = None  # dflash.config.schema.TargetConfig
+    device: Any = None  # dflash.config.schema.DeviceConfig
+    tracking: Any = None  # dflash.config.schema.TrackingConfig
     drafter: DrafterArch = field(default_factory=DrafterArch)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -113,9 +113,17 @@ def check(cfg: Any) -> None:
         raise ConfigError(f"optim.attention={o.attention!r}: use one of {', '.join(ATTENTION)}")
     if o.amp not in AMP:
         raise ConfigError(f"optim.amp={o.amp!r}: use one of {', '.join(AMP)}")
-    for name, value, low in (("optim.steps", o.steps, 1), ("optim.batch_size", o.batch_size, 1), ("optim.blocks_per_seq", o.blocks_per_seq, 1),
-                             ("optim.max_seq_len", o.max_seq_len, 2), ("drafter.block_size", d.block_size, 2), ("drafter.num_layers", d.num_layers, 1),
-                             ("save_every", cfg.save_every, 1), ("log_every", cfg.log_every, 1), ("metrics_every", cfg.metrics_every, 1)):
+    for name, value, low in (
+        ("optim.steps", o.steps, 1),
+        ("optim.batch_size", o.batch_size, 1),
+        ("optim.blocks_per_seq", o.blocks_per_seq, 1),
+        ("optim.max_seq_len", o.max_seq_len, 2),
+        ("drafter.block_size", d.block_size, 2),
+        ("drafter.num_layers", d.num_layers, 1),
+        ("save_every", cfg.save_every, 1),
+        ("log_every", cfg.log_every, 1),
+        ("metrics_every", cfg.metrics_every, 1),
+    ):
         if int(value) < low:
             raise ConfigError(f"{name}={value}: must be >= {low}")
     if float(o.noise_std) < 0:

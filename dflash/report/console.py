@@ -1,7 +1,7 @@
 """Reports: pure formatting of results. `summary`: what a run prints on the console; `markdown`: the
 run's MLflow description; `sweep_markdown`: a sweep parent's description (its children side by side).
 
-Undefined values (None: a ratio over nothing, see dflash.metrics) print as "-", never as 0.
+Undefined values (None: a ratio over nothing, see dflash.stages.metrics) print as "-", never as 0.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from dflash.pipeline import EvalResult
+    from dflash.stages.result import EvalResult
 
 
 def fmt(x: float | None, spec: str = ".3f") -> str:
@@ -31,7 +31,10 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     if subsets:
         lines.append("τ per subset: " + "   ".join(f"{s} {fmt(m[f'acceptance_length/{s}'])}" for s in subsets))
     if "leak_probe/acceptance_length" in m:
-        lines.append(f"leak probe: τ with the anchor's own feature visible {fmt(g('leak_probe/acceptance_length'))} (gain {fmt(g('leak_probe/tau_gain'), '+.3f')})")
+        lines.append(
+            f"leak probe: τ with the anchor's own feature visible {fmt(g('leak_probe/acceptance_length'))} "
+            f"(gain {fmt(g('leak_probe/tau_gain'), '+.3f')})"
+        )
     cv = res.curves
     scored = "nll" in cv
     if scored:
@@ -49,7 +52,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         f"{ref.hits} cached, {ref.generated} generated"
     )
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
-    for s in res.samples[:1]:  # dflash.samples records
+    for s in res.samples[:1]:  # dflash.report.samples records
         lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")
         for b in s["blocks"][:max_blocks]:
             a, anchor = b["accepted"], s["reference_pieces"][b["anchor_pos"] - s["prompt_tokens"]]
@@ -79,7 +82,8 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
         f"block {info.block_size}, taps {info.target_layer_ids}, mask id {info.mask_token_id}",
         f"- **target**: {target_name} (`{info.target_identity}`), {info.device}, {info.dtype}",
         f"- **prompts**: {prompts_label}: {len(res.prompts)} ({', '.join(f'{s} {n[s]}' for s in sorted(n))}); "
-        f"{int(m.get('new_tokens') or 0)} new tokens, {int(m.get('steps') or 0)} verify steps; references {ref.hits} cached, {ref.generated} generated",
+        f"{int(m.get('new_tokens') or 0)} new tokens, {int(m.get('steps') or 0)} verify steps; "
+        f"references {ref.hits} cached, {ref.generated} generated",
     ]
     if m.get("leak_probe/acceptance_length") is not None:
         lines.append(f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash.decode import Engine
-from dflash.drafter import DFlashDrafter
-from dflash.metrics import Counters
-from dflash.progress import Progress
-from dflash.replay import Block
-from dflash.target import Target
+from dflash.models.decode import Engine
+from dflash.models.drafter import DFlashDrafter
+from dflash.models.target import Target
+from dflash.stages.metrics import Counters
+from dflash.stages.replay import Block
+from dflash.util.progress import Progress
 
 
 @dataclass
@@ -45,7 +45,9 @@ class OnlineDecoder:
     """Target + drafter on one static engine for prompts of at most `max_len - B` positions in all
     (prompt + new tokens); draft and verify captured once."""
 
-    def __init__(self, target: Target, drafter: DFlashDrafter, max_len: int, backend: str = "sdpa", graphs: bool | None = None, compile: bool = False):
+    def __init__(
+        self, target: Target, drafter: DFlashDrafter, max_len: int, backend: str = "sdpa", graphs: bool | None = None, compile: bool = False
+    ):
         cfg = drafter.cfg
         self.target, self.drafter, self.backend, self.B = target, drafter, backend, cfg.block_size
         self.eng = eng = Engine(target, 1, max_len + cfg.block_size, taps=cfg.target_layer_ids, graphs=graphs, compile=compile)

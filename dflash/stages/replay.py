@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dflash.drafter import DFlashDrafter
-from dflash.errors import NumericsError
-from dflash.metrics import Counters
-from dflash.target import Target
+from dflash.models.drafter import DFlashDrafter
+from dflash.models.target import Target
+from dflash.stages.metrics import Counters
+from dflash.util.errors import NumericsError
 
 
 @dataclass
@@ -159,7 +159,9 @@ def evaluate_sequence(
 ) -> tuple[Counters, list[Block]]:
     seq = prompt_ids + completion_ids
     P = len(prompt_ids)
-    props, nll, conf = draft_every_anchor(drafter, target, torch.tensor(seq, device=target.device), taps, P, backend, anchors_per_chunk, see_anchor, scores)
+    props, nll, conf = draft_every_anchor(
+        drafter, target, torch.tensor(seq, device=target.device), taps, P, backend, anchors_per_chunk, see_anchor, scores
+    )
     c, blocks = replay(seq, P, props.tolist(), drafter.cfg.block_size)
     teacher_forced(seq, P, props, c, nll, conf)
     return c, blocks

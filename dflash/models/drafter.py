@@ -1,4 +1,4 @@
-"""The DFlash drafter model (../shared/DFLASH.md §1); its config is dflash/drafter_config.py.
+"""The DFlash drafter model (../shared/DFLASH.md §1); its config is dflash/models/drafter_config.py.
 
 A drafter predicts the B-1 masked slots of a block `[anchor, mask, ..., mask]` in one pass.
 It has no embedding and no LM head: block tokens are embedded by the target's `embed_tokens`
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash.drafter_config import DrafterConfig, build_target_layer_ids, rotary_parameters
-from dflash.errors import CheckpointError
+from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, rotary_parameters
+from dflash.util.errors import CheckpointError
 
 __all__ = ["DFlashDrafter", "DrafterConfig", "SLIDING_WINDOW", "build_target_layer_ids", "visibility_mask", "flex_block_mask", "mask_mod"]
 

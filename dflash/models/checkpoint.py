@@ -3,7 +3,7 @@
 Loading runs in three phases, so a drafter that cannot work fails before the target's weights load:
 
 1. `read_drafter` (no target): find the files, read config and weights, parse the config
-   (dflash/drafter_config.py: every refusal of a key or value), check the tensors against the
+   (dflash/models/drafter_config.py: every refusal of a key or value), check the tensors against the
    model that config describes (missing, not consumed, wrong shape, not finite).
 2. `fit_drafter(src, target)` (the target's config and tokenizer only: a `TargetInfo` or a
    `Target`): default taps from the target's layer count (the public rule), `mask_token` through the
@@ -39,18 +39,18 @@ from typing import Any
 
 import torch
 
-from dflash.drafter import DFlashDrafter
-from dflash.drafter_config import DrafterConfig, build_target_layer_ids, parse_config, rotary_parameters
-from dflash.errors import CheckpointError
-from dflash.progress import log
-from dflash.files import atomic_dir, atomic_write
-from dflash.weights import sha256_file
+from dflash.models.drafter import DFlashDrafter
+from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config, rotary_parameters
+from dflash.models.weights import sha256_file
+from dflash.util.errors import CheckpointError
+from dflash.util.files import atomic_dir, atomic_write
+from dflash.util.progress import log
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")
 IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 PICKLES = ("checkpoint.pt", "*.bin", "*.pt", "*.pth")
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -156,7 +156,9 @@ def read_training_pickle(path: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated, not a zip, unpickling refused (a pickle that would run code)...
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt or not a torch checkpoint") from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt or not a torch checkpoint"
+        ) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
     sd = next((obj[k] for k in WEIGHT_KEYS if isinstance(obj.get(k), dict)), None)
@@ -333,7 +335,9 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
         mask = o.get("mask_token_id", i.get("mask_token_id"))
         if mask is None:
             raise CheckpointError("drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id")
-        cfg = init_config(target, int(i.get("num_layers", 1)), i.get("num_taps"), int(mask), int(o.get("block_size") or 16), o.get("target_layer_ids"))
+        cfg = init_config(
+            target, int(i.get("num_layers", 1)), i.get("num_taps"), int(mask), int(o.get("block_size") or 16), o.get("target_layer_ids")
+        )
     else:
         cfg, where = dataclasses.replace(src.config), src.path
         if cfg.mask_token_id is None and cfg.mask_token is not None:
@@ -407,5 +411,11 @@ def save_hf_folder(model: DFlashDrafter, folder: str | Path, dtype: torch.dtype 
 
 def save_training_checkpoint(path: str | Path, model: DFlashDrafter, optimizer: Any, step: int, extra: dict[str, Any] | None = None) -> None:
     """`<run_dir>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config; atomic."""
-    obj = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None, "step": step, "config": model.cfg.to_hf(), **(extra or {})}
+    obj = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer else None,
+        "step": step,
+        "config": model.cfg.to_hf(),
+        **(extra or {}),
+    }
     atomic_write(path, lambda tmp: torch.save(obj, tmp))

@@ -39,10 +39,10 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from dflash.errors import ConfigError, TargetError
-from dflash.files import atomic_write
-from dflash.progress import Progress, log
-from dflash.target import Target, tapped_forward
+from dflash.models.target import Target, tapped_forward
+from dflash.util.errors import ConfigError, TargetError
+from dflash.util.files import atomic_write
+from dflash.util.progress import Progress, log
 
 
 @dataclass
@@ -304,13 +304,21 @@ def iter_features(
             bar.close(ok=False)  # its clock ran during the caller's work too: the line below says what it cost
     stats.cache_bytes = disk.size if disk else 0
     log.info(
-        "features: %d computed (%d tokens), %d from memory, %d from disk in %.1f s%s", stats.computed, stats.computed_tokens,
-        stats.memory_hits, stats.disk_hits, stats.seconds,
-        f"; cache {disk.root} holds {disk.size / 1e6:.1f} MB (cap {disk.max_bytes / 1e9:.1f} GB), {stats.bytes_written / 1e6:.1f} MB written" if disk else "",
+        "features: %d computed (%d tokens), %d from memory, %d from disk in %.1f s%s",
+        stats.computed,
+        stats.computed_tokens,
+        stats.memory_hits,
+        stats.disk_hits,
+        stats.seconds,
+        f"; cache {disk.root} holds {disk.size / 1e6:.1f} MB (cap {disk.max_bytes / 1e9:.1f} GB), {stats.bytes_written / 1e6:.1f} MB written"
+        if disk
+        else "",
     )
 
 
-def get_features(target: Target, seqs: Sequence[Sequence[int]], layer_sets: Sequence[Sequence[int]], cache_dir: str | Path = ".cache", **kw) -> tuple[list[Features], FeatureStats]:
+def get_features(
+    target: Target, seqs: Sequence[Sequence[int]], layer_sets: Sequence[Sequence[int]], cache_dir: str | Path = ".cache", **kw
+) -> tuple[list[Features], FeatureStats]:
     """iter_features, all at once (small sets, tests): -> (features per sequence, stats)."""
     stats = FeatureStats()
     return list(iter_features(target, seqs, layer_sets, cache_dir, stats=stats, **kw)), stats

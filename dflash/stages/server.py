@@ -15,7 +15,7 @@ Standard library only. `Client` makes one JSON call under a `CallPolicy`:
 every reference's cache key with the request (`request_params`), and turns one answer into
 completion token ids (`generate`): SGLang returns ids (the matched stop token put back where it is
 left out); an OpenAI server returns ids where it offers them (vLLM's `return_token_ids`), otherwise
-text that is re-tokenized with the target's tokenizer. `dflash.references` validates the ids.
+text that is re-tokenized with the target's tokenizer. `dflash.stages.references` validates the ids.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from dflash.errors import ReferenceError
-from dflash.progress import log
+from dflash.util.errors import ReferenceError
+from dflash.util.progress import log
 
 SNIPPET = 300  # characters of an answer shown in a message
 RETRY_STATUS = (429, 500, 502, 503, 504)  # worth another attempt (501, 505: the server never will)
@@ -266,7 +266,9 @@ class SGLang(Server):
             try:
                 info = self.client.get("/get_model_info")  # SGLang releases before /model_info
             except HTTPError as e:
-                raise HTTPError(f"{e}; is references.url an SGLang server? (vLLM and other OpenAI-compatible servers: references=openai)", e.status) from None
+                raise HTTPError(
+                    f"{e}; is references.url an SGLang server? (vLLM and other OpenAI-compatible servers: references=openai)", e.status
+                ) from None
         if not isinstance(info, dict) or not info.get("model_path"):
             raise ReferenceError(f"{self.client.url}/model_info answered {snippet(json.dumps(info))}, without a model_path: "
                                  "is references.url an SGLang server? (for vLLM and other OpenAI-compatible servers use references=openai)")

@@ -42,10 +42,9 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from dflash.errors import TargetError
-from dflash.progress import Progress, log
-from dflash.target import Target, _cache_kwarg, tap
-
+from dflash.models.target import Target, _cache_kwarg, tap
+from dflash.util.errors import TargetError
+from dflash.util.progress import Progress, log
 
 # --- the cache ------------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
 """Plots: PNG figures of one run and of several runs side by side, from plain data.
 
 Pure functions from counters or lists to PNG bytes (matplotlib, Agg backend: no display, no
-global figure left open). Conventions are those of dflash/metrics.py and are written on each
+global figure left open). Conventions are those of dflash/stages/metrics.py and are written on each
 figure: τ counts the bonus token (plain decoding = 1); slot k = 1..B-1 is the k-th drafted token.
 
-One run (`dflash.metrics.Counters` summed over prompts):
+One run (`dflash.stages.metrics.Counters` summed over prompts):
 - `position_curves_png`: per slot k, cumulative acceptance (steps whose slot k was accepted /
   steps, vLLM's), conditional acceptance (accepted at k / accepted at k-1) and teacher-forced
   accuracy (slot k right whatever the earlier slots, over every anchor). A 0/0 rate is undefined:
@@ -29,7 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402  (after the backend is chosen)
 
-from dflash.metrics import Counters, acceptance_length  # noqa: E402
+from dflash.stages.metrics import Counters, acceptance_length  # noqa: E402
 
 Curve = Sequence[float | None]  # index k-1 for slot k; None (or NaN) where undefined
 

@@ -14,7 +14,7 @@ and takes every architectural value from that object. DFlash's fields follow SGL
   differently, a warning gives both: dynamic NTK (the engines use a fixed scaled base at every
   position) and yarn / longrope `attention_factor`, `mscale`, `mscale_all_dim` (the engines ignore them).
 - No `target_layer_ids`: the public rule, one tap per draft layer (`build_target_layer_ids`),
-  resolved against the target in phase 2 (dflash.checkpoint). No `mask_token_id`: `mask_token`
+  resolved against the target in phase 2 (dflash.models.checkpoint). No `mask_token_id`: `mask_token`
   is looked up in the target's tokenizer, also in phase 2.
 
 Refusals (a `CheckpointError` naming the key and what to do; the run stops before the target
@@ -47,7 +47,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dflash.errors import CheckpointError
+from dflash.util.errors import CheckpointError
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -138,7 +138,9 @@ class DrafterConfig:
     def to_hf(self) -> dict[str, Any]:
         """config.json of the public HF format (a Qwen3 config as transformers 5 writes it, plus DFlash's fields)."""
         d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id", "mask_token")}
-        dflash = {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
+        dflash = (
+            {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
+        )
         if self.target_layer_ids:
             dflash["target_layer_ids"] = list(self.target_layer_ids)
         sliding = "sliding_attention" in self.layer_types
@@ -267,7 +269,9 @@ def _rope(hf) -> dict[str, Any]:
         raise CheckpointError(f"rope_parameters.rope_type={rp.get('rope_type')!r} is not implemented; supported: {', '.join(ROPE_TYPES)}")
     for k, v in rp.items():
         if k not in ROPE_KEYS and v is not None:
-            raise CheckpointError(f"rope_parameters.{k}={v!r} is not a rope parameter transformers' Qwen3 reads (e.g. multimodal rope); not implemented")
+            raise CheckpointError(
+                f"rope_parameters.{k}={v!r} is not a rope parameter transformers' Qwen3 reads (e.g. multimodal rope); not implemented"
+            )
     prf = rp.pop("partial_rotary_factor", None)
     if prf is not None and float(prf) != 1.0:
         raise CheckpointError(
@@ -386,9 +390,10 @@ def rotary_parameters(cfg: DrafterConfig):
     statefully, so what a loop computes there depends on its history: sequences must stay within the
     limit, where transformers uses its initial frequencies. Within it, SGLang's longrope uses the
     same short factors; SGLang's (and vLLM's) dynamic rope does not: it serves a fixed base scaled
-    for `max_position_embeddings * factor` at every position, which `parse_config` warns about. transformers 5.17's forward multiplies positions by inv_freq in a float32
-    matmul (TF32-rounded when TF32 is on) and 5.24's elementwise: `dflash.drafter.Rotary` computes
-    the product elementwise from these values, identical to 5.24's forward.
+    for `max_position_embeddings * factor` at every position, which `parse_config` warns about.
+    transformers 5.17's forward multiplies positions by inv_freq in a float32 matmul (TF32-rounded
+    when TF32 is on) and 5.24's elementwise: `dflash.models.drafter.Rotary` computes the product
+    elementwise from these values, identical to 5.24's forward.
     """
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 

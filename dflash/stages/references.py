@@ -8,7 +8,7 @@ Sources:
   elsewhere a dynamic KV cache; left padding, stop at EOS per row).
 - `sglang`: an SGLang server's `/generate` with `input_ids` (token ids back); `openai`: an
   OpenAI-compatible `/v1/completions` (token ids where the server offers them, else re-tokenized
-  text). HTTP lives in dflash/server.py.
+  text). HTTP lives in dflash/stages/server.py.
 
 Every completion, generated or read from the cache, is checked (`completion_problem`): non-empty,
 at most `max_new_tokens`, token ids inside the target's vocabulary, and ending at the first of the
@@ -42,18 +42,18 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from dflash.errors import ConfigError, ReferenceError
-from dflash.files import atomic_write_text
-from dflash.progress import Progress, log
-from dflash.server import CallPolicy, Server, snippet
-from dflash.target import forward, new_cache
+from dflash.models.target import forward, new_cache
+from dflash.stages.server import CallPolicy, Server, snippet
+from dflash.util.errors import ConfigError, ReferenceError
+from dflash.util.files import atomic_write_text
+from dflash.util.progress import Progress, log
 
 SOURCES = ("local", "sglang", "openai")
 
 
 @dataclass
 class ReferenceOptions(CallPolicy):
-    """The `references.*` config fields (dflash.config.ReferencesConfig), server call policy included."""
+    """The `references.*` config fields (dflash.config.schema.ReferencesConfig), server call policy included."""
 
     source: str = "local"
     url: str | None = None
@@ -214,7 +214,7 @@ def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int
     """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
     if target.device.type != "cuda":
         return None
-    from dflash.decode import Generator, unsupported
+    from dflash.models.decode import Generator, unsupported
 
     return Generator(target, batch, max_prompt, max_new_tokens, compile=compile) if unsupported(target.config) is None else None
 

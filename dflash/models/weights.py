@@ -5,7 +5,7 @@
   minute); a transformers folder's config.json plus its weight files' names, sizes and mtimes.
   The identity is part of every cache key (references, features, converted copies).
 - `ensure_converted`: transformers dequantizes a GGUF (about a minute) into a plain float32 folder
-  under `<cache_dir>/targets/<identity>/`, written in a temporary folder and renamed (dflash.files:
+  under `<cache_dir>/targets/<identity>/`, written in a temporary folder and renamed (dflash.util.files:
   a reader never sees half a copy, modes follow the umask). The temporary folder goes whatever
   passes through (SIGTERM's `Terminated` included); one left by a hard kill is removed by the next
   conversion on this host.
@@ -22,9 +22,9 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
-from dflash.errors import TargetError
-from dflash.files import atomic_dir, atomic_write_text, remove_stale
-from dflash.progress import log, track
+from dflash.util.errors import TargetError
+from dflash.util.files import atomic_dir, atomic_write_text, remove_stale
+from dflash.util.progress import log, track
 
 # --- sources and their identity ------------------------------------------------------------------
 

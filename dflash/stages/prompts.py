@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BUILTIN = Path(__file__).parent / "data" / "builtin_prompts.jsonl"
+from dflash.util.errors import PromptError
 
-
-from dflash.errors import PromptError
+BUILTIN = Path(__file__).resolve().parents[1] / "data" / "builtin_prompts.jsonl"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,79 @@
+"""The typed result of an evaluation: what dflash/pipeline.py returns and the report and tracking read.
+
+`PromptResult` (one prompt: its rendered ids, reference, counters, the replay's verify steps),
+`RunInfo` (what was evaluated, as resolved), `EvalResult` (metrics, curves, per-prompt results, summed
+counters, samples, timings); `per_prompt_row` flattens a prompt's counters into the row
+`per_prompt.json` holds and dflash.report.compare pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash.stages.metrics import Counters, scored
+from dflash.stages.prompts import Prompt
+from dflash.stages.references import ReferenceStats
+from dflash.stages.replay import Block
+
+
+@dataclass
+class PromptResult:
+    prompt: Prompt
+    prompt_ids: list[int]  # rendered through the chat template
+    reference: list[int]  # the target's greedy completion
+    counters: Counters
+    blocks: list[Block]  # every verify step of the replay
+    leak: Counters | None = None  # leak_probe=true: the replay with the anchor's own feature visible
+
+
+@dataclass
+class RunInfo:
+    """What was evaluated, as resolved (not as configured)."""
+
+    run_name: str
+    drafter_name: str
+    drafter_step: int | None
+    checkpoint_path: str | None
+    checkpoint_sha256: str | None
+    device: str
+    dtype: str
+    target_identity: str
+    target_source: str
+    block_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    stop_ids: list[int]
+    prompt_ids: list[str]  # the selected prompts, in order
+    references: ReferenceStats
+    drafter_config: dict[str, Any] = field(default_factory=dict)  # drafter_config.effective_config: what was evaluated
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]  # MLflow names (dflash.stages.metrics.summarize)
+    curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
+    prompts: list[PromptResult]
+    total: Counters  # summed over prompts
+    samples: list[dict[str, Any]]  # dflash.report.samples records of `num_samples` prompts, one per subset in turn
+    timings: dict[str, float]
+    info: RunInfo
+    warnings: list[str] = field(default_factory=list)
+
+
+def per_prompt_row(r: PromptResult) -> dict[str, Any]:
+    """The per-prompt counters as one flat row (per_prompt.json; what dflash.compare pairs)."""
+    c = r.counters
+    return {
+        "id": r.prompt.id,
+        "subset": r.prompt.subset,
+        "prompt_tokens": len(r.prompt_ids),
+        "new_tokens": c.new_tokens,
+        "steps": c.steps,
+        "committed": c.committed,
+        "acceptance_length": c.committed / c.steps if c.steps else None,
+        "accepted_at_pos": c.accepted_at_pos,
+        "tf_correct": c.tf_correct,
+        "tf_total": c.tf_total,
+        "tf_nll": sum(c.tf_nll) if scored(c) else None,
+    }
