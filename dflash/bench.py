@@ -43,6 +43,7 @@ from dflash.models.checkpoint import find_path, list_steps
 from dflash.online.speed import bench_generation, bench_online, format_generation, format_online
 from dflash.stages import features
 from dflash.stages.result import EvalResult
+from dflash.util.memo import PROCESS
 from dflash.util.progress import configure, log
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -56,9 +57,7 @@ SHAPES = {  # random targets for `scale`: transformers config class and fields
 def fresh_process(cfg: config_mod.EvalConfig | None = None) -> None:
     """Forget what this process holds (loaded target, in-memory features), as a new process would;
     with `cfg`, also the features on disk."""
-    target_mod._LAST = None
-    target_mod._INFO.clear()
-    features.clear_memory()
+    PROCESS.clear()
     if cfg is not None:
         shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
 

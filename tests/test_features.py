@@ -12,8 +12,9 @@ import torch
 
 from dflash.models.target import forward, load_target, tapped_forward
 from dflash.stages import features as F
-from dflash.stages.features import DiskCache, FeatureStats, clear_memory, feature_key, get_features, iter_features
+from dflash.stages.features import DiskCache, FeatureStats, feature_key, get_features, iter_features
 from dflash.util.errors import ConfigError, TargetError
+from dflash.util.memo import PROCESS
 
 
 def _ids(S=2, T=11, seed=0):
@@ -28,9 +29,9 @@ def _full_taps(target, ids, layers):
 
 @pytest.fixture(autouse=True)
 def _fresh_memory():
-    clear_memory()
+    PROCESS.clear()
     yield
-    clear_memory()
+    PROCESS.clear()
 
 
 # --- the truncated forward -------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_same_request_hits_from_a_new_process_state(qwen3_target, tmp_path):
     assert len(list((tmp_path / "features").glob("*/*.safetensors"))) == 3
     again, s2 = get_features(t, seqs, [taps], tmp_path)  # same process: memory
     assert (s2.computed, s2.memory_hits, s2.disk_hits) == (0, 3, 0)
-    clear_memory()  # as a new process would start
+    PROCESS.clear()  # as a new process would start
     disk, s3 = get_features(t, seqs, [taps], tmp_path)
     assert (s3.computed, s3.memory_hits, s3.disk_hits, s3.bytes_written) == (0, 0, 3, 0)
     for a, b, c in zip(first, again, disk):
@@ -129,18 +130,18 @@ def test_same_request_hits_from_a_new_process_state(qwen3_target, tmp_path):
 def test_a_subset_of_stored_layers_hits_and_more_layers_compute_only_the_missing(qwen3_target, tmp_path, monkeypatch):
     t, seqs = qwen3_target, _seqs(2)
     full, _ = get_features(t, seqs, [[0, 2, 4]], tmp_path)
-    clear_memory()
+    PROCESS.clear()
     sub, s = get_features(t, seqs, [[4, 0]], tmp_path)
     assert (s.computed, s.disk_hits) == (0, 2)
     assert torch.equal(sub[0].states, full[0].taps([4, 0]))
-    clear_memory()
+    PROCESS.clear()
     calls = []
     real = F.tapped_forward
     monkeypatch.setattr(F, "tapped_forward", lambda *x, **k: calls.append(list(x[2])) or real(*x, **k))
     more, s = get_features(t, seqs, [[0, 5]], tmp_path)
     assert calls == [[5], [5]] and s.computed == 2
     torch.testing.assert_close(more[1].states, _full_taps(t, torch.tensor([seqs[1]]), [0, 5])[0], atol=1e-6, rtol=1e-5)
-    clear_memory()
+    PROCESS.clear()
     held = DiskCache(tmp_path, 1 << 40).read(more[0].key, len(seqs[0]))
     assert sorted(held) == [0, 2, 4, 5]  # the file kept the earlier layers
 
@@ -150,7 +151,7 @@ def test_cache_keys_miss_on_a_changed_tap_token_dtype_or_target(qwen3_target, qw
     get_features(t, seqs, [taps], tmp_path)
 
     def computed(target, seqs, taps):
-        clear_memory()
+        PROCESS.clear()
         return get_features(target, seqs, [taps], tmp_path)[1].computed
 
     assert computed(t, seqs, taps) == 0
@@ -182,7 +183,7 @@ def test_eviction_keeps_the_disk_cache_under_its_cap_least_recently_used_first(q
         get_features(t, seqs[i : i + 1], [[1]], tmp_path, max_cache_gb=cap_gb)
     for i, p in enumerate(path[:3]):  # make the order explicit: 0 oldest ... 2 newest
         os.utime(p, ns=(10**18 + i * 10**9,) * 2)
-    clear_memory()
+    PROCESS.clear()
     get_features(t, seqs[:1], [[1]], tmp_path, max_cache_gb=cap_gb)  # a hit refreshes 0: now 1 is the oldest
     get_features(t, seqs[3:], [[1]], tmp_path, max_cache_gb=cap_gb)  # a fourth file: one must go
     assert [p.exists() for p in path] == [True, False, True, True]
@@ -194,7 +195,7 @@ def test_an_unreadable_cache_file_is_recomputed(qwen3_target, tmp_path, caplog):
     first, _ = get_features(t, seqs, [[2]], tmp_path)
     p = DiskCache(tmp_path, 1).path(first[0].key)
     p.write_bytes(b"not a safetensors file")
-    clear_memory()
+    PROCESS.clear()
     again, s = get_features(t, seqs, [[2]], tmp_path)
     assert s.computed == 1 and "unreadable" in caplog.text
     assert torch.equal(again[0].states, first[0].states)
@@ -239,7 +240,7 @@ def test_the_in_process_cache_is_bounded(qwen3_target, tmp_path):
     seqs = _seqs(3)
     one = 20 * 64 * 4  # bytes of one sequence's layer: [T, H] float32
     get_features(qwen3_target, seqs, [[1]], tmp_path, memory_gb=2.5 * one / 1e9)  # room for two
-    assert len(F._MEMORY) == 2 and F._MEMORY_BYTES == 2 * one
+    assert len(F._MEMORY) == 2 and F._MEMORY.bytes == 2 * one
     _, s = get_features(qwen3_target, seqs[1:], [[1]], tmp_path, memory_gb=2.5 * one / 1e9)
     assert (s.memory_hits, s.disk_hits, s.computed) == (2, 0, 0)
     _, s = get_features(qwen3_target, seqs[:1], [[1]], tmp_path, memory_gb=2.5 * one / 1e9)

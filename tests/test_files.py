@@ -55,9 +55,10 @@ def test_a_folder_already_there_stays_unless_replaced(tmp_path):
 
 def test_feature_and_target_caches_follow_the_umask(qwen3_target, qwen3_dir, tmp_path, umask):
     from dflash.models import weights
-    from dflash.stages.features import clear_memory, iter_features
+    from dflash.stages.features import iter_features
+    from dflash.util.memo import PROCESS
 
-    clear_memory()
+    PROCESS.clear()
     for f in iter_features(qwen3_target, [[3, 5, 7, 9]], [[1, 3]], tmp_path):
         f.taps([1, 3])
     (entry,) = (tmp_path / "features").glob("*/*.safetensors")

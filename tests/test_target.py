@@ -307,6 +307,7 @@ def test_non_finite_target_weights_are_refused_naming_the_tensor(qwen3_dir, tmp_
 def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_path, monkeypatch):
     import dflash.models.target as T
     import dflash.models.weights as W
+    from dflash.util.memo import PROCESS
 
     folder, cache = tmp_path / "m", tmp_path / "cache"
     shutil.copytree(qwen3_dir, folder)
@@ -315,17 +316,17 @@ def test_the_finiteness_check_runs_once_per_weights_and_dtype(qwen3_dir, tmp_pat
     monkeypatch.setattr(W, "check_finite", lambda named, what: checked.append(what) or real(named, what))
     monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 0)  # remembered however small (the default skips tiny models)
     for dtype in ("float32", "float32", "bfloat16", "float32"):
-        T._LAST = None  # a new process
+        PROCESS.clear()  # a new process
         load_target("hf", str(folder), dtype=dtype, cache_dir=cache)
     assert len(checked) == 2  # float32 once, bfloat16 once
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())  # rewritten: a new identity
-    T._LAST = None
+    PROCESS.clear()
     load_target("hf", str(folder), cache_dir=cache)
     assert len(checked) == 3
     monkeypatch.setattr(T, "REMEMBER_CHECK_BYTES", 1 << 40)  # tiny weights: checked every load, nothing written
     other = tmp_path / "cache2"
     for _ in range(2):
-        T._LAST = None
+        PROCESS.clear()
         load_target("hf", str(folder), cache_dir=other)
     assert len(checked) == 5 and not (other / "targets").exists()
 
@@ -344,6 +345,7 @@ from conftest import make_tokenizer, qwen3_config
 from dflash.util import errors
 from dflash.models import target as T
 from dflash.models import weights as W
+from dflash.util.memo import PROCESS
 
 errors.install_signal_handlers()
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from dflash.models import weights as weight_files
 from dflash.util.errors import TargetError
+from dflash.util.memo import PROCESS
 from dflash.util.progress import log
 
 
@@ -135,7 +136,7 @@ def _eos_ids(ids: Any, tokenizer: Any) -> list[int]:
     return [int(i) for i in ids if i is not None]
 
 
-_INFO: dict[tuple, TargetInfo] = {}  # inspected targets: the jobs of a sweep in one process read each once
+_INFO = PROCESS.memo("target.info")  # inspected targets: the jobs of a sweep in one process read each once
 
 
 def inspect_target(kind: str, path: str, cache_dir: str | Path = ".cache", max_context: int | None = None) -> TargetInfo:
@@ -146,8 +147,8 @@ def inspect_target(kind: str, path: str, cache_dir: str | Path = ".cache", max_c
         info = _inspect(kind, path, cache_dir, max_context)
         if info.weights is None:  # a GGUF not converted yet: its converted copy will be read next time
             return info
-        _INFO[key] = info
-    return _INFO[key]
+        _INFO.put(key, info)
+    return _INFO.get(key)
 
 
 def _inspect(kind: str, path: str, cache_dir: str | Path, max_context: int | None) -> TargetInfo:
@@ -254,7 +255,7 @@ def _source_stamp(kind: str, path: str) -> str:
     return ""
 
 
-_LAST: tuple[tuple, Target] | None = None  # the last target loaded: sweep jobs in one process reuse it
+_LOADED = PROCESS.memo("target.loaded", keep=1)  # the last target loaded: sweep jobs in one process reuse it
 
 
 def load_target(
@@ -273,7 +274,6 @@ def load_target(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    global _LAST
     if isinstance(kind, TargetInfo):
         info: TargetInfo | None = kind
         kind, path, max_context = info.kind, info.source, info.max_context
@@ -282,9 +282,9 @@ def load_target(
         if path is None:
             raise TargetError("load_target needs a path (or a TargetInfo from inspect_target)")
     key = (kind, path, dtype, device, attn, str(cache_dir), max_context, repr(device_map), _source_stamp(kind, path))
-    if _LAST is not None and _LAST[0] == key:
-        return _LAST[1]
-    _LAST = None  # free the previous target before loading another
+    if key in _LOADED:
+        return _LOADED.get(key)
+    _LOADED.clear()  # free the previous target before loading another
     info = info or inspect_target(kind, path, cache_dir, max_context)
     hf_logging.disable_progress_bar()
     tdtype = getattr(torch, dtype)
@@ -311,7 +311,7 @@ def load_target(
         raise TargetError(f"{info.source}: the weights have (layers, hidden, vocab) {got} but the config says {want}; the folder is inconsistent")
     _check_once(model, info, tdtype, cache)
     log.info("target: loaded in %.1f s", time.perf_counter() - t0)
-    _LAST = (key, target)
+    _LOADED.put(key, target)
     return target
 
 

@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -42,6 +41,7 @@ from torch import Tensor
 from dflash.models.target import Target, tapped_forward
 from dflash.util.errors import ConfigError, TargetError
 from dflash.util.files import atomic_write
+from dflash.util.memo import PROCESS
 from dflash.util.progress import Progress, log
 
 
@@ -91,28 +91,11 @@ def feature_key(target: Target, ids: Sequence[int]) -> str:
 
 # --- in-process cache --------------------------------------------------------------------------------
 
-_MEMORY: OrderedDict[tuple[str, int], Tensor] = OrderedDict()  # (key, layer) -> [T, H], oldest first
-_MEMORY_BYTES = 0
-
-
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def clear_memory() -> None:
-    """Forget the in-process cache (a benchmark's 'new process')."""
-    global _MEMORY_BYTES
-    _MEMORY.clear()
-    _MEMORY_BYTES = 0
-
-
-def _memory_put(key: str, layer: int, t: Tensor, cap: int) -> None:
-    global _MEMORY_BYTES
-    old = _MEMORY.pop((key, layer), None)
-    _MEMORY_BYTES += _nbytes(t) - (_nbytes(old) if old is not None else 0)
-    _MEMORY[(key, layer)] = t
-    while _MEMORY and _MEMORY_BYTES > cap:
-        _MEMORY_BYTES -= _nbytes(_MEMORY.popitem(last=False)[1])
+_MEMORY = PROCESS.memo("features", size_of=_nbytes)  # (key, layer) -> [T, H], least recently used first
 
 
 # --- disk cache --------------------------------------------------------------------------------------
@@ -272,7 +255,7 @@ def iter_features(
     try:
         for i, (key, seq) in enumerate(zip(keys, seqs)):
             t0 = time.perf_counter()
-            got = {L: _MEMORY[(key, L)] for L in union if cache and (key, L) in _MEMORY}
+            got = {L: _MEMORY.get((key, L)) for L in union if cache and (key, L) in _MEMORY}
             from_disk = disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
             got.update({L: t.to(target.head_device) for L, t in from_disk.items()})
             missing = [L for L in union if L not in got]
@@ -291,7 +274,7 @@ def iter_features(
                 stats.memory_hits += not from_disk
             if cache:
                 for L in union:
-                    _memory_put(key, L, got[L], mem_cap)
+                    _MEMORY.put((key, L), got[L], cap=mem_cap)
             if states is None or len(missing) < len(union):
                 states = torch.cat([got[L] for L in union], dim=-1)  # [T, n*H]
             feats = Features(key, union, states)
