@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from dflash.config.schema import ReferencesConfig
+from dflash.models.decode import COMPILE_CHOICES, choose_compile, decode_steps
 from dflash.models.target import forward, new_cache
 from dflash.stages.server import CallPolicy, Server, snippet
 from dflash.util.errors import ConfigError, ReferenceError
@@ -49,6 +52,7 @@ from dflash.util.files import atomic_write_text
 from dflash.util.progress import Progress, log
 
 SOURCES = ("local", "sglang", "openai")
+COMPILE_MIN_STEPS = ReferencesConfig.compile_min_steps  # references.compile=auto's threshold (the measured break-even: README, Performance)
 
 
 @dataclass
@@ -59,7 +63,8 @@ class ReferenceOptions(CallPolicy):
     url: str | None = None
     model: str | None = None  # openai: the served model name
     batch_size: int = 16  # local: prompts per batch
-    compile: bool = True  # local on CUDA: inductor over the engine's step before its CUDA graph is captured
+    compile: bool | str = "auto"  # local on CUDA: inductor before the CUDA graph capture; auto: when the work pays for it (decode.choose_compile)
+    compile_min_steps: int = COMPILE_MIN_STEPS  # auto compiles from this many decode steps (the measured break-even)
     use_cache: bool = True  # false: neither read nor write the cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
     concurrency: int = 8  # server: requests in flight at once
@@ -70,6 +75,8 @@ class ReferenceOptions(CallPolicy):
         rules = [
             ("source", self.source in SOURCES, f"use one of {', '.join(SOURCES)}"),
             ("batch_size", self.batch_size >= 1, "must be >= 1"),
+            ("compile", str(self.compile).lower() in COMPILE_CHOICES, "use auto, true or false"),
+            ("compile_min_steps", self.compile_min_steps >= 0, "must be >= 0 decode steps"),
             ("concurrency", self.concurrency >= 1, "must be >= 1"),
             ("connect_timeout_s", self.connect_timeout_s > 0, "must be > 0 seconds"),
             ("read_timeout_s", self.read_timeout_s > 0, "must be > 0 seconds"),
@@ -98,6 +105,8 @@ class ReferenceStats:
     probe_prompts: int = 0
     probe_prefix_agreement: float | None = None  # server tokens matched by the local target before the first divergence
     probe_exact_match: float | None = None  # probe prompts whose references are identical
+    engine: str | None = None  # local generation: how it ran (static cache, CUDA graphs, compiled or not and why)
+    setup_s: float | None = None  # local generation: the engine's set-up before its first token (compile, capture); None: none built
     warnings: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -180,17 +189,27 @@ def _batches(prompts: list[list[int]], batch_size: int) -> Iterator[list[int]]:
 
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
-                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False) -> list[list[int]]:
+                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool | str = False,
+                    compile_min_steps: int = COMPILE_MIN_STEPS, stats: ReferenceStats | None = None) -> list[list[int]]:
     """Greedy completions (EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
-    engine (decode.Generator, CUDA graphs; `compile`: inductor first) as each batch ends."""
+    engine (decode.Generator, CUDA graphs; `compile`: inductor first, true / false / auto as
+    decode.choose_compile rules) as each batch ends. `stats` gets the engine's label and set-up seconds."""
     out: list[list[int]] = [[] for _ in prompts]
     if not prompts:
         return out
     tokens = 0
-    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens, compile)
-    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), min(batch_size, len(prompts)), max_new_tokens,
-             "static cache" + (", CUDA graphs" if engine.eng.graphs else "") if engine else "dynamic cache")
+    b = min(batch_size, len(prompts))
+    comp, why = choose_compile(compile, decode_steps(len(prompts), b, max_new_tokens), compile_min_steps)
+    t0 = time.perf_counter()
+    engine = _static_engine(target, b, max(map(len, prompts)), max_new_tokens, comp)
+    setup = time.perf_counter() - t0
+    label = (f"static cache{', CUDA graphs' if engine.eng.graphs else ''}, {'compiled' if comp else 'not compiled'} ({why})" if engine
+             else "dynamic cache")
+    if stats is not None:
+        stats.engine, stats.setup_s = label, (setup if engine else None)
+    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s%s", len(prompts), b, max_new_tokens, label,
+             f"; engine set-up {setup:.1f} s" if engine else "")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:
 
         def finish(i: int, comp: list[int]) -> None:
@@ -370,7 +389,8 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
-            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile)
+            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, compile_min_steps=o.compile_min_steps,
+                            stats=stats)
         else:
             assert plan.server is not None
             server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency)
@@ -389,7 +409,8 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     k = min(o.probe_prompts, len(prompts))
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
-    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh)
+    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh, compile=o.compile,
+                          compile_min_steps=o.compile_min_steps)
     local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
