@@ -110,3 +110,18 @@ def test_linear_attention_kernel_reads_the_dispatch(vl_target, monkeypatch):
         monkeypatch.setattr(mod, name, _dispatching(conv))
     assert kernels.linear_attention_kernel(vl_target.model) == "fla, conv1d causal_conv1d"
     assert kernels.package(_dispatching(fla_rule)) == "fla"
+
+
+def test_cpu_targets_fall_back_to_torch(vl_target, monkeypatch):
+    """fla's kernels take CUDA tensors only: a CPU target is routed back to transformers' torch code."""
+    layer = kernels._linear_layer(vl_target.model)
+    mod = sys.modules[type(layer).__module__]
+    fla_rule = types.FunctionType((lambda: None).__code__, {}, "chunk_gated_delta_rule")
+    fla_rule.__module__ = "fla.ops.gated_delta_rule.chunk"
+    for name in kernels.DELTA_RULE:
+        w = _dispatching(fla_rule)
+        w.__wrapped__ = getattr(mod, name).__wrapped__  # the torch function, as functools.wraps leaves it
+        monkeypatch.setattr(mod, name, w)
+    assert kernels.linear_attention_kernel(vl_target.model).startswith("fla")
+    assert sorted(kernels.use_torch_fallback(vl_target.model)) == sorted(kernels.DELTA_RULE)
+    assert kernels.linear_attention_kernel(vl_target.model) == "torch fallback"

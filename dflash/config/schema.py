@@ -100,7 +100,7 @@ class ReferencesConfig:  # dflash.stages.references.ReferenceOptions checks ever
     model: Optional[str] = None  # openai: the served model name
     batch_size: int = 16
     compile: str = "auto"  # local on CUDA: inductor before the engine's CUDA graph capture: auto | true | false (auto: from compile_min_steps)
-    compile_min_steps: int = 4000  # auto compiles when the engine runs at least this many decode steps (ceil(prompts / batch) x max_new_tokens)
+    compile_min_steps: int = 10000  # auto compiles when the engine runs at least this many decode steps (ceil(prompts / batch) x max_new_tokens)
     use_cache: bool = True  # false: neither read nor write the reference cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
     concurrency: int = 8  # server: requests in flight at once

@@ -34,6 +34,32 @@ def package(fn: Callable) -> str:
     return (getattr(implementation(fn), "__module__", None) or "?").split(".")[0]
 
 
+def use_torch_fallback(model: Any) -> list[str]:
+    """Route the model's linear-attention functions to transformers' torch code (process-wide: its
+    modeling module's names): fla's Triton kernels take only CUDA tensors, so a CPU target on a
+    machine with fla installed would fail in its first forward (seen on the H200's CPU). -> names rerouted."""
+    layer = _linear_layer(model)
+    mod = sys.modules.get(type(layer).__module__) if layer is not None else None
+    done = []
+    for name in DELTA_RULE + CONV:
+        fn = getattr(mod, name, None)
+        torch_fn = getattr(fn, "__wrapped__", None)
+        if callable(fn) and torch_fn is not None and package(fn) != "transformers":
+            params = set(inspect.signature(torch_fn).parameters)
+            setattr(mod, name, _filtered(torch_fn, params))
+            done.append(name)
+    return done
+
+
+def _filtered(fn: Callable, params: set[str]) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__module__ = fn.__module__
+    return call
+
+
 def _linear_layer(model: Any) -> Any | None:
     return next((m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
 
