@@ -15,7 +15,9 @@ Sections (each a ratio of two times or sizes measured here, in this run):
    `generate`), and the warm per-checkpoint cost of section 1 against the online loop's time.
 3. `generation`: local references' engine against transformers' `generate` (default cache; static
    compiled on CUDA), batch 1 and 12 (speed.bench_generation).
-4. `scale`: a random target of another shape (`--scale qwen3_8b`, created once under
+4. `scale`: with a VL shape (`--scale qwen3_6_27b`: dflash/bench_scale.py) every stage of a whole evaluation of a
+   random Qwen3.6-27B-shaped checkpoint on each of `--scale-devices`, its ratios and the field's protocol projected;
+   otherwise a random target of another shape (`--scale qwen3_8b`, created once under
    `<cache_dir>/bench/`, not committed): the feature pass's peak RSS against the weights' bytes (a
    child process reading the safetensors memory-mapped) and its time on the same token counts.
 """

@@ -23,3 +23,16 @@ def test_bench_prints_every_section(tmp_path, qwen3_dir):
     for line in ["sweep of 2 checkpoints", "x one run", "of the first run's", "warm per checkpoint", "online, batch 1", "x target-only",
                  "cheaper", "generation (cpu", "engine"]:
         assert line in summary, (line, summary)
+
+
+@pytest.mark.slow
+def test_bench_scale_vl_prints_every_stage(tmp_path):
+    """The 27B path on a tiny VL shape (SmolLM2's tokenizer, as at 27B): folder built and saved by shards, a child per device, the table."""
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "dflash.bench", "--skip", "sweep,online,generation", "--scale", "tiny_vl", "--scale-devices", "cpu",
+           "--scale-cpu", "2x4", "target.mask_token_id=100", "target.default_taps=null", "tracking.enabled=false"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for line in ["load target", "references", "features", "replay", "loaded from a saved HF folder", "peak RSS",
+                 "replay per token / feature pass per token", "projected", "linear attention: torch fallback"]:
+        assert line in r.stdout, (line, r.stdout)
