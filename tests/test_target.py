@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.models.target import TargetError, crop_cache, forward, load_target, new_cache, tap, tapped_forward
+from dflash.models.forward import crop_cache, forward, new_cache, tap, tapped_forward
+from dflash.models.target import TargetError, load_target
 
 
 def _layer_outputs(target, ids, layers):

@@ -15,7 +15,7 @@ import torch
 from test_train import LAYERS, seqs, target, tiny_cfg  # noqa: F401 (fixtures)
 
 from dflash import train as T
-from dflash.models.target import forward
+from dflash.models.forward import forward
 from dflash.train.arch import base_layer_ids, drafter_config, init_drafter
 from dflash.train.batch import Batcher, sample_anchors
 from dflash.train.labels import block_labels, greedy_labels_from_hidden, noised

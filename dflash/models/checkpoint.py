@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from dflash.models.drafter import DFlashDrafter
-from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config, rotary_parameters
+from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
+from dflash.models.rope import rotary_parameters
 from dflash.models.weights import sha256_file
 from dflash.util.errors import CheckpointError
 from dflash.util.files import atomic_dir, atomic_write
@@ -329,7 +330,7 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
 
 def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> DrafterSource:
     """Phase 2: resolve what depends on the target, then `check_against_target`; with `max_len`
-    (the longest prompt + completion) also the rope's position limit (drafter_config.rotary_parameters)."""
+    (the longest prompt + completion) also the rope's position limit (rope.rotary_parameters)."""
     if src.kind == "init":
         i, o = src.init, src.init.get("overrides", {})
         mask = o.get("mask_token_id", i.get("mask_token_id"))

@@ -42,7 +42,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from dflash.models.target import Target, _cache_kwarg, tap
+from dflash.models.forward import _cache_kwarg, tap
+from dflash.models.target import Target
 from dflash.util.errors import TargetError
 from dflash.util.progress import Progress, log
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from dflash.models.target import forward, new_cache
+from dflash.models.forward import forward, new_cache
 from dflash.stages.server import CallPolicy, Server, snippet
 from dflash.util.errors import ConfigError, ReferenceError
 from dflash.util.files import atomic_write_text
