@@ -69,13 +69,13 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     })
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
     curves = {f"by_position/{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
-    run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=curves, digits=4)
-    run.log_metrics({}, curves={"by_commit/share": commit_share(res.total)}, digits=4)  # step = tokens committed by a verify step
+    run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=curves)
+    run.log_metrics({}, curves={"by_commit/share": commit_share(res.total)})  # step = tokens committed by a verify step
     ds = prompt_dataset(res, c)
     run.log_dataset(**ds)
     run.set_note(report.markdown(res, ds["name"], c.target.name))
     run.log_text(OmegaConf.to_yaml(composed), "config.yaml")
-    run.log_table([per_prompt_row(r) for r in res.prompts], "per_prompt.json")
+    run.log_table([per_prompt_row(r).to_dict() for r in res.prompts], "per_prompt.json")
     run.log_table(position_table(res.total), "per_position.json")
     run.log_files({**plots.run_plots(res.total, info.run_name), **samples.artifacts(res.samples, info.run_name)})
     run.setup_eval_experiment(sorted({r.prompt.subset for r in res.prompts}))

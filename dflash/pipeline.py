@@ -22,12 +22,12 @@ from dflash.models.drafter_config import effective_config
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
-from dflash.stages.metrics import accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
+from dflash.stages.metrics import position_curves, summarize
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
 from dflash.stages.references import check_references, get_references
 from dflash.stages.replay import evaluate_sequence
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
-from dflash.util.errors import ConfigError, PromptError
+from dflash.util.errors import ConfigError, PromptError, ReferenceError
 from dflash.util.progress import Progress, log
 
 
@@ -150,6 +150,22 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     return out
 
 
+def check_measured(results: list[PromptResult], source: str) -> list[str]:
+    """Prompts whose replay made no verify step measured nothing: all of them is an error (exit 2, the
+    run ends FAILED), some a warning naming them. -> the warnings."""
+    empty = [r for r in results if r.counters.steps == 0]
+    if not empty:
+        return []
+    named = ", ".join(f"{r.prompt.id} ({len(r.reference)} new token{'' if len(r.reference) == 1 else 's'})" for r in empty[:5])
+    what = (f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the first new token "
+            "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)")
+    if len(empty) == len(results):
+        raise ReferenceError(f"nothing was measured: {what}. Check the references (references={source}: does the server stop at once, "
+                             "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens")
+    log.warning("%s; they count in no ratio", what)
+    return [f"{what}; they count in no ratio"]
+
+
 def run(cfg: EvalConfig) -> EvalResult:
     timings: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
@@ -169,12 +185,11 @@ def run(cfg: EvalConfig) -> EvalResult:
     with timed(timings, "references"):
         refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, **vars(rc))
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
+    unmeasured = check_measured(results, rc.source)
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
-    curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total)}
-    if scored(total):
-        curves.update(nll=nll(total), confidence=confidence(total))
+    curves = position_curves(total)
     if cfg.leak_probe:
         lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
@@ -192,4 +207,4 @@ def run(cfg: EvalConfig) -> EvalResult:
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings)
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + unmeasured)

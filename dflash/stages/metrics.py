@@ -29,7 +29,9 @@ prints "-"; plots leave a gap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 
@@ -69,6 +71,56 @@ class Counters:
 Rate = Optional[float]  # None: undefined (0/0)
 
 
+def ids_digest(ids: list[int]) -> str:
+    """A short digest of token ids (16 hex digits of sha256): two rows with one digest saw the same tokens."""
+    return hashlib.sha256(json.dumps([int(t) for t in ids]).encode()).hexdigest()[:16]
+
+
+@dataclass
+class PromptRow:
+    """One prompt's counters as a run's `per_prompt.json` holds them (`to_dict`, one dict per prompt)
+    and dflash.report.compare pairs them: two rows pair only where both digests match."""
+
+    id: str
+    subset: str
+    prompt_tokens: int
+    new_tokens: int
+    steps: int
+    committed: int
+    accepted_at_pos: list[int]  # [B-1]
+    tf_correct: list[int]  # [B-1]
+    tf_total: list[int]  # [B-1]
+    tf_nll: Optional[float]  # Σ -log p(reference token) over every anchor and slot; None without scores=true
+    prompt_digest: str  # ids_digest of the rendered prompt ids (template, system prompt, tokenizer)
+    reference_digest: str  # ids_digest of the reference ids (target, dtype, server, sampling)
+
+    @property
+    def acceptance_length(self) -> Rate:
+        return _div(self.committed, self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {**{k: d.pop(k) for k in ("id", "subset", "prompt_tokens", "new_tokens", "steps", "committed")},
+                "acceptance_length": self.acceptance_length, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PromptRow":
+        """A row read back from per_prompt.json; KeyError names a field an older dflash-eval did not log."""
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+def row_counters(rows: list[PromptRow]) -> Counters:
+    """The counters a set of rows holds, summed (steps, committed, accepted_at_pos, teacher-forced counts)."""
+    K = len(rows[0].tf_total)
+
+    def col(name: str) -> list[int]:
+        return [sum(getattr(r, name)[k] for r in rows) for k in range(K)]
+
+    return Counters(block_size=K + 1, steps=sum(r.steps for r in rows), committed=sum(r.committed for r in rows),
+                    new_tokens=sum(r.new_tokens for r in rows), prompts=len(rows), accepted_at_pos=col("accepted_at_pos"),
+                    tf_correct=col("tf_correct"), tf_total=col("tf_total"))
+
+
 def _div(a: float, b: float) -> Rate:
     return a / b if b else None
 
@@ -87,15 +139,16 @@ def ratio_se(num: list[float], den: list[float]) -> Rate:
     return (n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(num, den))) ** 0.5 / D
 
 
-def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]) -> tuple[float, float]:
+def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]) -> tuple[Rate, Rate]:
     """Σnum_b/Σden_b - Σnum_a/Σden_a over the same n clusters, and its paired SE (delta method:
-    each cluster's influence on b minus its influence on a, so what the prompts share cancels)."""
+    each cluster's influence on b minus its influence on a, so what the prompts share cancels).
+    Undefined is None: the gap when either side has Σden = 0 (no verify step), the SE under 2 clusters."""
     n, Da, Db = len(num_a), sum(den_a), sum(den_b)
     if not Da or not Db:
-        return 0.0, 0.0
+        return None, None
     ra, rb = sum(num_a) / Da, sum(num_b) / Db
     if n < 2:
-        return rb - ra, 0.0
+        return rb - ra, None
     z = [(nb - rb * db) / Db - (na - ra * da) / Da for na, da, nb, db in zip(num_a, den_a, num_b, den_b)]
     return rb - ra, (n / (n - 1) * sum(x * x for x in z)) ** 0.5
 

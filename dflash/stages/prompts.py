@@ -128,7 +128,7 @@ def render(prompt: Prompt, tokenizer: Any, template: dict[str, Any]) -> list[int
     if not template.get("use_chat_template", True) or not getattr(tokenizer, "chat_template", None):
         if template.get("use_chat_template", True):
             raise PromptError("the target's tokenizer has no chat template; set target.template.use_chat_template=false")
-        return tokenizer("\n\n".join(c for _, c in prompt.messages), add_special_tokens=True)["input_ids"]
+        return tokenizer("\n\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]  # system prompt first
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, enable_thinking=bool(template.get("enable_thinking", False)),
         return_dict=False,
