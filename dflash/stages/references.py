@@ -107,6 +107,7 @@ class ReferenceStats:
     generated: int = 0
     new_tokens: int = 0  # tokens generated in this run (not cached)
     source: str = "local"
+    convention: str = "greedy"  # or z-lab's sampled convention with its T, top-p, top-k and seed (Sampling.convention)
     server: dict[str, Any] | None = None  # what the server reported serving
     read_only: bool = False  # the cache could not be written: used read-only
     retokenized: int = 0  # openai: answers given as text and re-tokenized
@@ -374,7 +375,8 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     todo = plan.missing
     refs = list(plan.cached)
     ro = plan.cache is not None and plan.cache.read_only
-    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source, server=plan.server.reported if plan.server else None, read_only=bool(ro))
+    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source,
+                           convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro))
     if ro and not todo:
         log.warning("references: the cache %s cannot be written (%s): using its %d references read-only", plan.cache.root, ro, len(prompts))
     log.info("references (%s): %d prompts, %d cached, %d to generate%s", o.source, len(prompts), stats.hits, len(todo),
