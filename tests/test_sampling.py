@@ -65,3 +65,22 @@ def test_seed_and_temperature_are_in_the_cache_key(qwen3_target, tmp_path):
 def test_options_validated_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=f"references.{key}="):
         ReferenceOptions(**{key: value}).validate(8)
+
+
+def test_replay_on_a_sampled_reference_equals_the_online_loop_under_zlabs_rule(qwen3_target, make_drafter):
+    """T > 0: the online loop samples each verified slot with the same position-keyed sampler, accepts a
+    greedy draft while it equals the sample, commits the sample at the first mismatch. Its output is the
+    sampled reference, and the replay on that reference walks the same blocks, step by step."""
+    from dflash.models.forward import tapped_forward
+    from dflash.online.speculative import speculative_generate
+    from dflash.stages.replay import evaluate_sequence
+
+    drafter = make_drafter(qwen3_target, block_size=4).float()
+    for x in PROMPTS[:2]:
+        online = speculative_generate(qwen3_target, drafter, x, max_new_tokens=16, graphs=False, sampling=HOT)
+        ref = greedy_generate(qwen3_target, [x], 16, 1, sampling=HOT)[0]
+        assert online.tokens == ref
+        taps = tapped_forward(qwen3_target, torch.tensor([x + ref]), drafter.cfg.target_layer_ids)[0]
+        c, blocks = evaluate_sequence(drafter, qwen3_target, x, ref, taps)
+        assert [(b.anchor_pos, b.accepted, b.proposal) for b in blocks] == [(b.anchor_pos, b.accepted, b.proposal) for b in online.blocks]
+        assert (c.steps, c.committed) == (online.counters.steps, online.counters.committed)
