@@ -24,7 +24,7 @@ from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import position_curves, summarize
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
-from dflash.stages.references import check_references, get_references
+from dflash.stages.references import ReferenceOptions, check_references, get_references
 from dflash.stages.replay import evaluate_sequence
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
 from dflash.util.errors import ConfigError, PromptError, ReferenceError
@@ -179,11 +179,12 @@ def run(cfg: EvalConfig) -> EvalResult:
         prompts, ids = load_prompt_ids(cfg, info)
         src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target
         names = [p.id for p in prompts]
-        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, names, **vars(rc))
+        ref_opts = ReferenceOptions(**vars(rc))  # the references.* fields, one typed object passed whole
+        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, names, options=ref_opts)
     target, drafter = load_models(cfg, info, timings, src)
     del src  # its weights are the module's now
     with timed(timings, "references"):
-        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, **vars(rc))
+        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, options=ref_opts)
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
     unmeasured = check_measured(results, rc.source)
     per_prompt = [(r.prompt.subset, r.counters) for r in results]

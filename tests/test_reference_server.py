@@ -314,3 +314,18 @@ def test_abort_wakes_a_call_blocked_after_the_headers(fake):
     client.close()
     th.join(timeout=5)
     assert not th.is_alive() and "aborted" in str(got[0].value)  # not the 20 s read timeout
+
+
+@pytest.mark.parametrize("source", ["sglang", "openai"])
+def test_sampled_references_send_the_sampling_fields_and_key_the_cache(qwen3_target, tmp_path, fake, source):
+    kw = {"model": fake.served[0]} if source == "openai" else {}
+    refs_of(qwen3_target, tmp_path, fake, source=source, **kw)  # greedy: the request as before
+    sent = fake.posts[-1]["sampling_params"] if source == "sglang" else fake.posts[-1]
+    assert sent["temperature"] == 0.0 and "top_p" not in sent
+    _, st = refs_of(qwen3_target, tmp_path, fake, source=source, temperature=1.0, top_p=0.9, top_k=0, seed=3, **kw)
+    assert st.generated == len(PROMPTS)  # another cache entry
+    sent = fake.posts[-1]["sampling_params"] if source == "sglang" else fake.posts[-1]
+    seed = "sampling_seed" if source == "sglang" else "seed"
+    assert (sent["temperature"], sent["top_p"], sent["top_k"], sent[seed]) == (1.0, 0.9, -1, 3)
+    _, st = refs_of(qwen3_target, tmp_path, fake, source=source, temperature=1.0, top_p=0.9, top_k=0, seed=4, **kw)
+    assert st.generated == len(PROMPTS)  # another seed: another entry

@@ -49,7 +49,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     ref = info.references
     lines.append(
         f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "
-        f"{ref.hits} cached, {ref.generated} generated"
+        f"{ref.hits} cached, {ref.generated} generated; {ref.convention}"
     )
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
     for s in res.samples[:1]:  # dflash.report.samples records

@@ -1,4 +1,5 @@
-"""Reference completions: the target's own greedy output for each prompt, checked and cached on disk.
+"""Reference completions: the target's own greedy (or, at references.temperature > 0, position-keyed
+sampled: dflash/models/sampling.py) output for each prompt, checked and cached on disk.
 
 Under greedy decoding DFlash is lossless, so the reference is exactly what speculative decoding
 would output; the replay (replay.py) walks the draft-verify loop against it.
@@ -43,6 +44,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from dflash.models.forward import forward, new_cache
+from dflash.models.sampling import Sampling, pick, row_keys
 from dflash.stages.server import CallPolicy, Server, snippet
 from dflash.util.errors import ConfigError, ReferenceError
 from dflash.util.files import atomic_write_text
@@ -65,6 +67,14 @@ class ReferenceOptions(CallPolicy):
     concurrency: int = 8  # server: requests in flight at once
     probe_prompts: int = 0  # server: prompts also generated locally to measure agreement (0: off)
     probe_min_agreement: float = 0.9  # warn when the token agreement before the first divergence is below
+    temperature: float = 0.0  # 0: greedy; > 0: sampled under z-lab's convention (dflash/models/sampling.py)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int = 0
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(float(self.temperature), float(self.top_p), int(self.top_k), int(self.seed))
 
     def validate(self, max_new_tokens: int) -> None:
         rules = [
@@ -78,6 +88,11 @@ class ReferenceOptions(CallPolicy):
             ("backoff_s", self.backoff_s >= 0, "must be >= 0 seconds"),
             ("probe_prompts", self.probe_prompts >= 0, "must be >= 0 (0: no probe)"),
             ("probe_min_agreement", 0.0 <= self.probe_min_agreement <= 1.0, "must be in [0, 1]"),
+            ("temperature", isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
+             "must be a number >= 0 (0: greedy references; z-lab's tables use 0 and 1)"),
+            ("top_p", isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0, "must be in (0, 1] (1: no nucleus cut)"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "must be an integer >= 0 (0: no top-k cut)"),
+            ("seed", isinstance(self.seed, int) and 0 <= self.seed < 2**31, "must be an integer in [0, 2^31)"),
         ]
         for name, ok, fix in rules:
             if not ok:
@@ -92,6 +107,7 @@ class ReferenceStats:
     generated: int = 0
     new_tokens: int = 0  # tokens generated in this run (not cached)
     source: str = "local"
+    convention: str = "greedy"  # or z-lab's sampled convention with its T, top-p, top-k and seed (Sampling.convention)
     server: dict[str, Any] | None = None  # what the server reported serving
     read_only: bool = False  # the cache could not be written: used read-only
     retokenized: int = 0  # openai: answers given as text and re-tokenized
@@ -180,15 +196,17 @@ def _batches(prompts: list[list[int]], batch_size: int) -> Iterator[list[int]]:
 
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
-                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False) -> list[list[int]]:
-    """Greedy completions (EOS included when reached), batched with left padding. `on_done(i,
+                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False,
+                    sampling: Sampling = Sampling()) -> list[list[int]]:
+    """Greedy completions (or sampled: `sampling`, position-keyed, so independent of the batch;
+    EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
     engine (decode.Generator, CUDA graphs; `compile`: inductor first) as each batch ends."""
     out: list[list[int]] = [[] for _ in prompts]
     if not prompts:
         return out
     tokens = 0
-    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens, compile)
+    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens, compile, sampling)
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), min(batch_size, len(prompts)), max_new_tokens,
              "static cache" + (", CUDA graphs" if engine.eng.graphs else "") if engine else "dynamic cache")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:
@@ -206,22 +224,25 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
                 for i, comp in zip(rows, engine([prompts[i] for i in rows])):
                     finish(i, comp)
             else:
-                _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp))
+                _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp), sampling)
     return out
 
 
-def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False) -> Any:
+def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False, sampling: Sampling = Sampling()) -> Any:
     """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
     if target.device.type != "cuda":
         return None
     from dflash.models.decode import Generator, unsupported
 
-    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile) if unsupported(target.config) is None else None
+    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile, sampling=sampling) if unsupported(target.config) is None else None
 
 
-def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None]) -> None:
+def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None],
+                   sampling: Sampling = Sampling()) -> None:
     """One left-padded batch on a dynamic KV cache; finish(row, completion) as each row stops."""
     dev = target.device
+    keys = row_keys(prompts, sampling.seed, dev)  # [b]
+    at = torch.tensor([len(p) for p in prompts], device=dev)  # [b] absolute position of the next token
     eos = torch.tensor(target.eos_ids, device=dev)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_ids[0]
     P = max(map(len, prompts))
@@ -237,7 +258,7 @@ def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, f
     reported = done.clone()  # [b] row handed to finish
     steps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        nxt = logits.argmax(-1)  # [b]
+        nxt = pick(logits, sampling, keys, at + step)  # [b]
         steps.append(torch.where(done, -1, nxt))
         done |= torch.isin(nxt, eos)
         last = step == max_new_tokens - 1
@@ -258,14 +279,14 @@ def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, f
 
 
 def server_generate(server: Server, target: Any, prompts: list[list[int]], max_new_tokens: int, names: list[str],
-                    on_done: Callable[[int, list[int]], None], concurrency: int = 8) -> None:
+                    on_done: Callable[[int, list[int]], None], concurrency: int = 8, sampling: Sampling = Sampling()) -> None:
     """Ask the server for every prompt, `concurrency` requests in flight; on_done(i, ids) as each answer
     arrives. A failure (or an interrupt) aborts the requests still in flight."""
     tokens = 0
 
     def one(i: int) -> tuple[int, list[int]]:
         try:
-            return i, server.generate(prompts[i], max_new_tokens, target.eos_ids, target.tokenizer)
+            return i, server.generate(prompts[i], max_new_tokens, target.eos_ids, target.tokenizer, sampling)
         except ReferenceError as e:
             raise ReferenceError(f"{names[i]}: {e}") from None
 
@@ -313,9 +334,11 @@ def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: 
     o.validate(max_new_tokens)
     if o.source == "local":
         src, meta = f"local:{_dtype_name(dtype)}", {"source": "local", "dtype": _dtype_name(dtype)}
+        if (sk := o.sampling.key()) is not None:  # greedy keys stay as they were
+            src, meta = src + ":" + json.dumps(sk, sort_keys=True), {**meta, "sampling": sk}
     else:
         server = server if server is not None and server.kind == o.source else Server.open(o.source, o.url, o.model, o)
-        request = server.request_params(max_new_tokens, target.eos_ids)
+        request = server.request_params(max_new_tokens, target.eos_ids, o.sampling)
         src = json.dumps({"source": o.source, "server": server.reported, "request": request}, sort_keys=True)
         meta = {"source": o.source, "server": server.reported, "request": request, "url": server.client.url}
     meta.update(target=target.identity, max_new_tokens=max_new_tokens)
@@ -338,11 +361,12 @@ def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: 
 
 
 def check_references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
-                     dtype: Any, names: list[str] | None = None, **options: Any) -> ReferencePlan:
+                     dtype: Any, names: list[str] | None = None, options: ReferenceOptions | None = None, **fields: Any) -> ReferencePlan:
     """Pre-flight, before the target's weights load (`target` may be a `TargetInfo`; `dtype` is the one
     it will load in): the options, the server (reachable, its model known), the cache (writable, or
     read-only and complete). Pass the plan's `server` to `get_references` to skip asking again."""
-    return _plan(target, prompts, max_new_tokens, template, cache_dir, dtype, ReferenceOptions(**options), _names(len(prompts), names), None)
+    o = options if options is not None else ReferenceOptions(**fields)
+    return _plan(target, prompts, max_new_tokens, template, cache_dir, dtype, o, _names(len(prompts), names), None)
 
 
 def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
@@ -351,7 +375,8 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     todo = plan.missing
     refs = list(plan.cached)
     ro = plan.cache is not None and plan.cache.read_only
-    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source, server=plan.server.reported if plan.server else None, read_only=bool(ro))
+    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source,
+                           convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro))
     if ro and not todo:
         log.warning("references: the cache %s cannot be written (%s): using its %d references read-only", plan.cache.root, ro, len(prompts))
     log.info("references (%s): %d prompts, %d cached, %d to generate%s", o.source, len(prompts), stats.hits, len(todo),
@@ -370,10 +395,10 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
-            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile)
+            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, sampling=o.sampling)
         else:
             assert plan.server is not None
-            server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency)
+            server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling)
             stats.retokenized = plan.server.retokenized
             if plan.server.count_mismatch:
                 stats.warnings.append(f"{plan.server.count_mismatch} of {plan.server.retokenized} text answers re-tokenize to another length than "
@@ -389,7 +414,8 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     k = min(o.probe_prompts, len(prompts))
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
-    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh)
+    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh,
+                          temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
     local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
@@ -420,12 +446,15 @@ def get_references(
     *,
     names: list[str] | None = None,
     server: Server | None = None,
-    **options: Any,
+    options: ReferenceOptions | None = None,
+    **fields: Any,
 ) -> tuple[list[list[int]], ReferenceStats]:
     """The reference of every prompt (cached, or generated and cached as each finishes).
     names: prompt ids for messages; server: the pre-flight's (`check_references(...).server`);
-    options: the other `references.*` fields (ReferenceOptions)."""
-    o = ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache, **options)
+    options: the `references.*` fields as one ReferenceOptions (passed whole; else built from the
+    keyword fields)."""
+    o = options if options is not None else ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache,
+                                                             **fields)
     labels = _names(len(prompts), names)
     refs, stats = _references(target, prompts, max_new_tokens, template, cache_dir, o, labels, server)
     if o.probe_prompts and o.source != "local" and prompts:
