@@ -1,14 +1,17 @@
 """A `-m` sweep's comparison: one row per child, and the parent's files.
 
 `sweep_table(children)`: per child the swept values, τ ± SE, τ per subset, and the paired Δτ and its
-SE against the first child that finished; `sweep_artifacts(children)`: that table as CSV, τ against
+SE against the first child that finished, the data set (prompts.source) and z-lab's published τ beside it
+(dflash/data/published_tau.json) where the drafter is a public one; `sweep_artifacts(children)`: that table as CSV, τ against
 the swept value, the children's per-position curves overlaid. From the per-prompt rows each child
 logged; dflash/entry.py reads them through dflash.tracking and hands the files to the sweep parent.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dflash.report.compare import CompareError, align, compare, table_csv
@@ -32,6 +35,19 @@ def swept_values(overrides: list[list[str]]) -> list[dict[str, str]]:
     return [{k: p.get(k, "") for k in swept} for p in parsed]
 
 
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "published_tau.json"
+
+
+def published_tau(params: dict[str, str]) -> float | None:
+    """z-lab's published τ for a child's drafter (drafter.name or the path's last part), data set
+    (prompts.source) and temperature (references.temperature, default 0.0); None where none is published."""
+    tau = json.loads(PUBLISHED.read_text())["tau"]
+    names = [params.get("drafter.name") or "", Path(params.get("drafter.path") or "").name]
+    drafter = next((n for n in names if n in tau), None)
+    temp = str(float(params.get("references.temperature") or 0.0))
+    return tau[drafter].get(temp, {}).get(params.get("prompts.source", "")) if drafter else None
+
+
 def _tau(rows: list[dict[str, Any]]) -> tuple[float, float]:
     num, den = [r["committed"] for r in rows], [r["steps"] for r in rows]
     return (sum(num) / sum(den) if sum(den) else 0.0), ratio_se(num, den)
@@ -47,7 +63,8 @@ def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
     for c in children:
         row: dict[str, Any] = {"run": c.name, **c.values}
         tau, se = _tau(c.rows) if c.rows else (None, None)
-        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None)
+        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None, dataset=c.params.get("prompts.source"),
+                   published_tau=published_tau(c.params))
         for s in subsets:
             sub = [r for r in c.rows or [] if r["subset"] == s]
             row[f"tau/{s}"] = _tau(sub)[0] if sub else None
