@@ -1,4 +1,4 @@
-"""The evaluation pipeline: config -> load -> references -> features -> replay -> metrics.
+"""The evaluation pipeline: config -> load -> references (in rounds for multi-turn prompts) -> features -> replay -> metrics.
 
 `run(cfg)` takes the typed config (`dflash.config.schema.EvalConfig`) and returns an `EvalResult`: plain
 typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
@@ -27,6 +27,7 @@ from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
 from dflash.stages.references import ReferenceOptions, check_references, get_references
 from dflash.stages.replay import evaluate_sequence
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
+from dflash.stages.turns import expand, references_in_rounds, turn_of
 from dflash.util.errors import ConfigError, PromptError, ReferenceError
 from dflash.util.progress import Progress, log
 
@@ -100,15 +101,22 @@ def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], sr
     return target, drafter
 
 
-def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], list[list[int]]]:
-    """The selected prompts, rendered through the target's chat template, checked against its context."""
-    pc = cfg.prompts
-    prompts = load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets)
+def render_checked(cfg: EvalConfig, info: TargetInfo, prompts: list[Prompt]) -> list[list[int]]:
+    """The prompts' ids through the target's chat template, checked against its context."""
     ids = [render(p, info.tokenizer, vars(cfg.target.template)) for p in prompts]
-    check_lengths(prompts, ids, pc.max_new_tokens, info.max_context)
-    log.info(
-        "prompts: %d from %s (%s), %d tokens", len(prompts), pc.path or pc.source, ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids))
-    )
+    check_lengths(prompts, ids, cfg.prompts.max_new_tokens, info.max_context)
+    return ids
+
+
+def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], list[list[int]]]:
+    """The selected prompts, multi-turn ones expanded (dflash.stages.turns), and the ids of the first
+    round (the prompts that wait for no answer of the target) rendered and checked."""
+    pc = cfg.prompts
+    prompts = expand(load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets, pc.data_dir, pc.selection, pc.seed))
+    first = [p for p in prompts if turn_of(p) == 1]
+    ids = render_checked(cfg, info, first)
+    log.info("prompts: %d from %s (%s), %d tokens in the first round", len(prompts), pc.path or pc.source,
+             ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids)))
     return prompts, ids
 
 
@@ -177,14 +185,21 @@ def run(cfg: EvalConfig) -> EvalResult:
         t = cfg.target
         info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
         prompts, ids = load_prompt_ids(cfg, info)
-        src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target
-        names = [p.id for p in prompts]
+        src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target (first round)
+        first = [p for p in prompts if turn_of(p) == 1]
         ref_opts = ReferenceOptions(**vars(rc))  # the references.* fields, one typed object passed whole
-        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, names, options=ref_opts)
+        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, [p.id for p in first], options=ref_opts)
+        warn = thinking_warning(cfg)
     target, drafter = load_models(cfg, info, timings, src)
     del src  # its weights are the module's now
+
+    def references(ps: list[Prompt], xs: list[list[int]]):
+        return get_references(target, xs, pc.max_new_tokens, tmpl, cfg.cache_dir, names=[p.id for p in ps], server=ref_plan.server, options=ref_opts)
+
     with timed(timings, "references"):
-        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, options=ref_opts)
+        refs1, stats1 = references(first, ids)
+        prompts, ids, refs, ref_stats = references_in_rounds(prompts, target.tokenizer, lambda p: render_checked(cfg, info, [p])[0], references,
+                                                             first=(ids, refs1, stats1))
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
     unmeasured = check_measured(results, rc.source)
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
@@ -208,4 +223,19 @@ def run(cfg: EvalConfig) -> EvalResult:
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + unmeasured)
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + unmeasured)
+
+
+PUBLIC_NO_THINKING = ("qwen3-4b-dflash", "qwen3-8b-dflash")  # z-lab trained these without thinking traces (DFLASH.md §7)
+
+
+def thinking_warning(cfg: EvalConfig) -> list[str]:
+    """A warning when a Qwen3-4B/8B public drafter is evaluated with target.template.enable_thinking=true."""
+    d = cfg.drafter
+    names = " ".join(str(x).lower() for x in (d.name, d.path, d.run_dir) if x)
+    if not cfg.target.template.enable_thinking or not any(n in names for n in PUBLIC_NO_THINKING):
+        return []
+    w = ("target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter: z-lab trained these without thinking traces and "
+         "publishes their τ with thinking off; this τ is not comparable (set target.template.enable_thinking=false)")
+    log.warning(w)
+    return [w]

@@ -62,13 +62,18 @@ class DrafterSchema:
 
 @dataclass
 class PromptsConfig:
-    source: str = MISSING  # builtin | jsonl | humaneval
-    path: Optional[str] = None
+    source: str = MISSING  # builtin | jsonl | humaneval_complete | a benchmark (dflash/stages/benchmarks.py: gsm8k, mt_bench, ...)
+    path: Optional[str] = None  # jsonl: the file; a benchmark: its local copy (file or hub-shaped folder); null: data_dir, else the hub
+    data_dir: Optional[str] = None  # a benchmark: a folder holding <name>/ (or <hub id>/) local copies, e.g. for a suite
     num_prompts: Optional[int] = None
+    selection: Optional[str] = None  # a benchmark: shuffle (random.seed(seed), z-lab 2026-04) | hf_shuffle (z-lab 2026-01) | first
+    seed: int = 42  # a benchmark's selection seed
     subsets: Optional[list[str]] = None
     max_new_tokens: int = 256
 
     def __post_init__(self) -> None:
+        if self.selection is not None and self.selection not in ("shuffle", "hf_shuffle", "first", "???"):
+            raise ConfigError(f"prompts.selection={self.selection!r}: use shuffle, hf_shuffle or first (or null: the source's default)")
         if isinstance(self.max_new_tokens, int) and self.max_new_tokens < 2:
             raise ConfigError(f"prompts.max_new_tokens={self.max_new_tokens}: use 2 or more (the first new token comes from the prefill; "
                               "a verify step, which τ counts, needs at least one more)")

@@ -4,15 +4,18 @@
 and dtype as a `RunIdentity`; rows an older dflash-eval logged are refused with a note);
 `sweep_table(children)`: per child the swept values, τ ± SE, τ per subset, and the paired Δτ and its
 SE against the first child that finished, paired only where `compare.align` pairs them (else a note
-naming the prompts that differ); `sweep_artifacts(children)`: that table as CSV, τ against the swept
-value, the children's per-position curves overlaid. Undefined (no verify step; an SE over one
-prompt) stays None: an empty cell, a gap in a plot, never the best child. dflash/entry.py reads the
-children through dflash.tracking and hands the files to the sweep parent.
+naming the prompts that differ), the data set (prompts.source) and z-lab's published τ beside it
+(dflash/data/published_tau.json) where the drafter is a public one; `sweep_artifacts(children)`: that
+table as CSV, τ against the swept value, the children's per-position curves overlaid. Undefined (no
+verify step; an SE over one prompt) stays None: an empty cell, a gap in a plot, never the best child.
+dflash/entry.py reads the children through dflash.tracking and hands the files to the sweep parent.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dflash.report.compare import CompareError, RunIdentity, align, compare, rows_of, table_csv
@@ -53,6 +56,19 @@ def _tau(rows: list[PromptRow]) -> tuple[Rate, Rate]:
     return acceptance_length(row_counters(rows)), ratio_se([r.committed for r in rows], [r.steps for r in rows])
 
 
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "published_tau.json"
+
+
+def published_tau(params: dict[str, str]) -> float | None:
+    """z-lab's published τ for a child's drafter (drafter.name or the path's last part), data set
+    (prompts.source) and temperature (references.temperature, default 0.0); None where none is published."""
+    tau = json.loads(PUBLISHED.read_text())["tau"]
+    names = [params.get("drafter.name") or "", Path(params.get("drafter.path") or "").name]
+    drafter = next((n for n in names if n in tau), None)
+    temp = str(float(params.get("references.temperature") or 0.0))
+    return tau[drafter].get(temp, {}).get(params.get("prompts.source", "")) if drafter else None
+
+
 def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
     """One row per child: run, its swept values, τ ± SE, τ per subset, and Δτ ± paired SE against the
     first child that has rows (`paired_against`); None where a child has no rows or does not pair."""
@@ -63,7 +79,8 @@ def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
     for c in children:
         row: dict[str, Any] = {"run": c.name, **c.values}
         tau, se = _tau(c.rows) if c.rows else (None, None)
-        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None)
+        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None, dataset=c.params.get("prompts.source"),
+                   published_tau=published_tau(c.params))
         for s in subsets:
             sub = [r for r in c.rows or [] if r.subset == s]
             row[f"tau/{s}"] = _tau(sub)[0] if sub else None
