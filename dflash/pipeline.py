@@ -95,8 +95,8 @@ def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], sr
     with timed(timings, "load_target"):
         target = load_target(info, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir, device_map=cfg.device.device_map)
     with timed(timings, "load_drafter"):
-        drafter = build_drafter(src, cfg.drafter.sliding_window)
-        drafter.model.to(device=target.head_device, dtype=target.dtype).eval().requires_grad_(False)  # beside the last layers
+        drafter = build_drafter(src, cfg.drafter.sliding_window, device=target.head_device, dtype=target.dtype)  # beside the last layers
+        drafter.model.eval().requires_grad_(False)
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     return target, drafter
 
