@@ -82,11 +82,15 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
 
 
 def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
-    from dflash import pipeline, tracking
-    from dflash.report import console as report
+    from dflash.stages.preflight import check_inputs
 
     c = config_mod.to_object(cfg)
     configure(c.progress)
+    check_inputs(c)  # paths and prompt files, before torch, transformers and MLflow load
+
+    from dflash import pipeline, tracking
+    from dflash.report import console as report
+
     if c.device.gpu_per_job and ctx.job_num is not None:
         c.device.name = pipeline.job_device(c.device.name, ctx.job_num)
     tc = c.tracking
