@@ -96,7 +96,7 @@ class PromptRow:
 
     @property
     def acceptance_length(self) -> Rate:
-        return _div(self.committed, self.steps)
+        return ratio(self.committed, self.steps)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -121,12 +121,12 @@ def row_counters(rows: list[PromptRow]) -> Counters:
                     tf_correct=col("tf_correct"), tf_total=col("tf_total"))
 
 
-def _div(a: float, b: float) -> Rate:
+def ratio(a: float, b: float) -> Rate:
     return a / b if b else None
 
 
 def acceptance_length(c: Counters) -> Rate:
-    return _div(c.committed, c.steps)
+    return ratio(c.committed, c.steps)
 
 
 def ratio_se(num: list[float], den: list[float]) -> Rate:
@@ -154,16 +154,16 @@ def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float]
 
 
 def accept_rate(c: Counters) -> list[Rate]:
-    return [_div(n, c.steps) for n in c.accepted_at_pos]
+    return [ratio(n, c.steps) for n in c.accepted_at_pos]
 
 
 def accept_rate_cond(c: Counters) -> list[Rate]:
     prev = [c.steps] + c.accepted_at_pos[:-1]
-    return [_div(n, p) for n, p in zip(c.accepted_at_pos, prev)]
+    return [ratio(n, p) for n, p in zip(c.accepted_at_pos, prev)]
 
 
 def accuracy(c: Counters) -> list[Rate]:
-    return [_div(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
+    return [ratio(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
 
 
 def scored(c: Counters) -> bool:
@@ -172,16 +172,16 @@ def scored(c: Counters) -> bool:
 
 
 def nll(c: Counters) -> list[Rate]:
-    return [_div(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
+    return [ratio(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
 
 
 def confidence(c: Counters) -> list[Rate]:
-    return [_div(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
+    return [ratio(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
 
 
 def commit_share(c: Counters) -> list[Rate]:
     """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
-    return [_div(n, c.steps) for n in c.commit_hist[1:]]
+    return [ratio(n, c.steps) for n in c.commit_hist[1:]]
 
 
 def position_curves(c: Counters) -> dict[str, list[Rate]]:
@@ -221,22 +221,22 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
     taus = [t for _, c in per_prompt if (t := acceptance_length(c)) is not None]
     m: dict[str, Rate] = {
         "acceptance_length": acceptance_length(total),
-        "acceptance_length_macro": _div(sum(taus), len(taus)),
+        "acceptance_length_macro": ratio(sum(taus), len(taus)),
         "acceptance_length_se": ratio_se([c.committed for _, c in per_prompt], [c.steps for _, c in per_prompt]),
-        "mean_accepted": _div(total.accepted, total.steps),
+        "mean_accepted": ratio(total.accepted, total.steps),
         "expected_acceptance_length": expected_acceptance_length(accuracy(total)),
-        "draft_acceptance_rate": _div(total.accepted, total.drafted),
+        "draft_acceptance_rate": ratio(total.accepted, total.drafted),
         "steps": float(total.steps),
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
     if total.committed_uncapped:  # the replay's (the online loop does not count it)
-        m["acceptance_length_uncapped"] = _div(total.committed_uncapped, total.steps)
-        m["acceptance_length_macro_uncapped"] = _div(sum(_div(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
+        m["acceptance_length_uncapped"] = ratio(total.committed_uncapped, total.steps)
+        m["acceptance_length_macro_uncapped"] = ratio(sum(ratio(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
     if scored(total):
-        m["nll_mean"] = _div(sum(total.tf_nll), sum(total.tf_total))
+        m["nll_mean"] = ratio(sum(total.tf_nll), sum(total.tf_total))
         m["nll_mean_se"] = ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt])
-        m["overconfidence"] = _div(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total))
+        m["overconfidence"] = ratio(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total))
     for subset in sorted({s for s, _ in per_prompt}):
         sub = [c for s, c in per_prompt if s == subset]
         st = sum(sub[1:], sub[0])
