@@ -39,10 +39,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
+from dflash.models.decode import length_batches
 from dflash.models.forward import forward, new_cache
 from dflash.models.sampling import Sampling, pick, row_keys
 from dflash.stages.server import CallPolicy, Server, snippet
@@ -187,13 +188,6 @@ class ReferenceCache:
 # --- local generation -------------------------------------------------------------------------
 
 
-def _batches(prompts: list[list[int]], batch_size: int) -> Iterator[list[int]]:
-    """Indices of prompts in batches of similar lengths."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    for b0 in range(0, len(order), batch_size):
-        yield order[b0 : b0 + batch_size]
-
-
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
                     on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False,
@@ -219,7 +213,7 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
                 on_done(i, comp)
             bar.update(1, tokens=tokens)
 
-        for rows in _batches(prompts, engine.eng.batch if engine else batch_size):
+        for rows in length_batches(prompts, engine.eng.batch if engine else batch_size):
             if engine is not None:
                 for i, comp in zip(rows, engine([prompts[i] for i in rows])):
                     finish(i, comp)
