@@ -60,6 +60,7 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     from dflash.report import plots, samples
     from dflash.stages.metrics import commit_share, position_table
     from dflash.stages.result import per_prompt_row
+    from dflash.stages.served import served_histogram
 
     info = res.info
     run.set_tags({
@@ -71,6 +72,8 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     curves = {f"by_position/{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
     run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=curves)
     run.log_metrics({}, curves={"by_commit/share": commit_share(res.total)})  # step = tokens committed by a verify step
+    if share := served_histogram(list(info.references.served.values())):
+        run.log_metrics({}, curves={"served/by_commit/share": share})  # the server's own histogram, same steps
     ds = prompt_dataset(res, c)
     run.log_dataset(**ds)
     run.set_note(report.markdown(res, ds["name"], c.target.name))
@@ -86,7 +89,8 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
 
     c = config_mod.to_object(cfg)
     configure(c.progress)
-    check_inputs(c)  # paths and prompt files, before torch, transformers and MLflow load
+    if ctx.sweep is None and ctx.job_num is None:  # a single run fails fast, before torch, transformers and MLflow load;
+        check_inputs(c)  # a sweep job gets its MLflow run, ended FAILED with the same error from the pipeline
 
     from dflash import pipeline, tracking
     from dflash.report import console as report

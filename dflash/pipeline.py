@@ -27,6 +27,7 @@ from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
 from dflash.stages.references import ReferenceOptions, check_references, get_references
 from dflash.stages.replay import evaluate_sequence
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
+from dflash.stages.served import served_metrics
 from dflash.stages.turns import expand, references_in_rounds, turn_of
 from dflash.util.errors import ConfigError, PromptError, ReferenceError
 from dflash.util.progress import Progress, log
@@ -213,6 +214,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         metrics["leak_probe/tau_gain"] = None if tau is None or leak_tau is None else leak_tau - tau  # undefined without a verify step
     metrics["tokens_per_second_replay"] = total.new_tokens / max(timings.get("replay", 0.0), 1e-9)
     metrics.update(ref_stats.metrics())
+    metrics.update(served_metrics([(r.counters, s) for r in results if (s := ref_stats.served.get(tuple(r.prompt_ids))) is not None]))
     dc = drafter.model.cfg
     info = RunInfo(
         run_name=run_name(cfg.drafter, drafter.step), drafter_name=drafter.name, drafter_step=drafter.step, checkpoint_path=drafter.path,

@@ -30,6 +30,12 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
     if subsets:
         lines.append("τ per subset: " + "   ".join(f"{s} {fmt(m[f'acceptance_length/{s}'])}" for s in subsets))
+    if g("served/prompts"):
+        lines.append(
+            f"served τ (the server's own counters, {int(m['served/prompts'])} prompts): {fmt(g('served/acceptance_length'))} pooled, "
+            f"{fmt(g('served/acceptance_length_macro'))} macro;   offline, counted as the server counts (prefill token included): "
+            f"{fmt(g('served/offline_like'))};   offline - served {fmt(g('served/gap'), '+.3f')} ± {fmt(g('served/gap_se'))} (paired SE)"
+        )
     if "leak_probe/acceptance_length" in m:
         lines.append(
             f"leak probe: τ with the anchor's own feature visible {fmt(g('leak_probe/acceptance_length'))} "

@@ -46,6 +46,7 @@ import torch
 from dflash.models.decode import length_batches
 from dflash.models.forward import forward, new_cache
 from dflash.models.sampling import Sampling, pick, row_keys
+from dflash.stages.served import Served
 from dflash.stages.server import CallPolicy, Server, snippet
 from dflash.util.errors import ConfigError, ReferenceError
 from dflash.util.files import atomic_write_text
@@ -116,6 +117,7 @@ class ReferenceStats:
     probe_prefix_agreement: float | None = None  # server tokens matched by the local target before the first divergence
     probe_exact_match: float | None = None  # probe prompts whose references are identical
     warnings: list[str] = field(default_factory=list)
+    served: dict[tuple[int, ...], Served] = field(default_factory=dict)  # prompt ids -> the server's speculative counters (stages/served.py)
 
     def metrics(self) -> dict[str, float]:
         if not self.probe_prompts:
@@ -164,6 +166,13 @@ class ReferenceCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return ids if (problem or (lambda _: None))(ids) is None else None
+
+    def served(self, key: str) -> Served | None:
+        """The server's speculative counters kept beside a cached reference (None: none were reported)."""
+        try:
+            return Served.from_dict(json.loads(self._path(key).read_text()).get("served"))
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def put(self, key: str, completion_ids: list[int], meta: dict[str, Any]) -> None:
         if self.read_only:
@@ -371,6 +380,10 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     ro = plan.cache is not None and plan.cache.read_only
     stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source,
                            convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro))
+    if o.source != "local" and plan.cache is not None:  # counters of cached answers, kept beside them
+        for i in range(len(prompts)):
+            if refs[i] is not None and (s := plan.cache.served(plan.keys[i])) is not None:
+                stats.served[tuple(prompts[i])] = s
     if ro and not todo:
         log.warning("references: the cache %s cannot be written (%s): using its %d references read-only", plan.cache.root, ro, len(prompts))
     log.info("references (%s): %d prompts, %d cached, %d to generate%s", o.source, len(prompts), stats.hits, len(todo),
@@ -383,8 +396,11 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
         refs[i] = comp
         stats.generated += 1
         stats.new_tokens += len(comp)
+        served = plan.server.served.pop(tuple(prompts[i]), None) if plan.server is not None else None
+        if served is not None:
+            stats.served[tuple(prompts[i])] = served
         if plan.cache is not None:
-            plan.cache.put(plan.keys[i], comp, plan.meta)
+            plan.cache.put(plan.keys[i], comp, {**plan.meta, "served": served.to_dict() if served else None})
 
     if todo:
         sub = [prompts[i] for i in todo]

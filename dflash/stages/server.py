@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash.models.sampling import Sampling
+from dflash.stages.served import Served, sglang_served, vllm_served
 from dflash.util.errors import ReferenceError
 from dflash.util.progress import log
 
@@ -219,6 +220,7 @@ class Server:
         self.reported: dict[str, Any] = {}
         self.retokenized = 0  # answers given as text and re-tokenized
         self.count_mismatch = 0  # of those, answers whose re-tokenized length differs from the server's count
+        self.served: dict[tuple[int, ...], Served | None] = {}  # prompt ids -> the answer's speculative counters (dflash.stages.served)
 
     @staticmethod
     def open(source: str, url: str | None, model: str | None, policy: CallPolicy) -> "Server":
@@ -288,6 +290,7 @@ class SGLang(Server):
         sp = self.request_params(max_new_tokens, eos_ids, sampling)["sampling_params"]
         r = self.client.post("/generate", {"input_ids": ids, "sampling_params": sp})
         r = r[0] if isinstance(r, list) and r else r
+        self.served[tuple(ids)] = sglang_served(_field(r, "meta_info"))
         out = _field(r, "output_ids")
         if not isinstance(out, list):
             raise ReferenceError(f"the answer has no output_ids list: {snippet(json.dumps(r))}")
@@ -340,6 +343,7 @@ class OpenAI(Server):
                 raise
             self.token_ids = False  # a server that refuses the field: text it is
             r = self.client.post("/v1/completions", payload)
+        self.served[tuple(ids)] = vllm_served(r)
         choice = _field(r, "choices", 0)
         finish, stop = _field(choice, "finish_reason"), _field(choice, "stop_reason")
         if finish not in ("stop", "length"):

@@ -61,7 +61,8 @@ def fill(p: Prompt, answers: list[str]) -> Prompt:
 def merge_stats(a: ReferenceStats, b: ReferenceStats) -> ReferenceStats:
     """Reference counters of two rounds together (the first round's source and server stand)."""
     return replace(a, hits=a.hits + b.hits, generated=a.generated + b.generated, new_tokens=a.new_tokens + b.new_tokens,
-                   retokenized=a.retokenized + b.retokenized, warnings=a.warnings + [w for w in b.warnings if w not in a.warnings])
+                   retokenized=a.retokenized + b.retokenized, served={**a.served, **b.served},
+                   warnings=a.warnings + [w for w in b.warnings if w not in a.warnings])
 
 
 def references_in_rounds(prompts: list[Prompt], tokenizer: Any, render: Callable[[Prompt], list[int]],
