@@ -66,7 +66,8 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     run.set_tags({
         "mlflow.runName": info.run_name, "checkpoint_path": info.checkpoint_path, "checkpoint_sha256": info.checkpoint_sha256,
         "drafter_step": info.drafter_step, "device": info.device, "dtype": info.dtype, "target_identity": info.target_identity,
-        "warnings": " | ".join(res.warnings) or None,
+        "warnings": " | ".join(res.warnings) or None, "target.linear_attention_kernel": info.linear_attention_kernel,
+        "references.engine": info.references.engine,
     })
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
     curves = {f"by_position/{kind}": v for kind, v in res.curves.items()}  # step = draft slot k

@@ -36,13 +36,14 @@ from pathlib import Path
 
 import torch
 
-from dflash import pipeline
+from dflash import bench_scale, pipeline
 from dflash.config import schema as config_mod
 from dflash.models import target as target_mod
 from dflash.models.checkpoint import find_path, list_steps
 from dflash.online.speed import bench_generation, bench_online, format_generation, format_online
 from dflash.stages import features
 from dflash.stages.result import EvalResult
+from dflash.util.files import atomic_dir
 from dflash.util.memo import PROCESS
 from dflash.util.progress import configure, log
 
@@ -164,12 +165,10 @@ def random_target(shape: str, cache_dir: str, tokenizer) -> Path:
     log.info("scale: creating a random %s target under %s (once)", shape, folder)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=shape + ".tmp-", dir=folder.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    with atomic_dir(folder) as tmp:  # follows the umask: the bench folder sits in the shared cache
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     del model
-    os.rename(tmp, folder)
     return folder
 
 
@@ -223,18 +222,40 @@ def scale(cfg: config_mod.EvalConfig, res: EvalResult, shape: str, prompts: int 
             f"({r['seconds'] / max(res.timings['features'] * timed, 1e-9):.0f}x)")
 
 
+def vl_scale(cfg: config_mod.EvalConfig, a: argparse.Namespace) -> str:
+    """The scale section for a VL shape (dflash.bench_scale): every stage on each device."""
+    from transformers import AutoTokenizer
+
+    t = cfg.target
+    tok = AutoTokenizer.from_pretrained(a.scale_tokenizer) if a.scale_tokenizer else target_mod.inspect_target(
+        t.kind, t.path, cfg.cache_dir, t.max_context).tokenizer
+    devices = (a.scale_devices or ("cuda" if torch.cuda.is_available() else "cpu")).split(",")
+    sizes = {d: tuple(int(x) for x in (a.scale_gpu if d.startswith("cuda") else a.scale_cpu).split("x")) for d in devices}
+    extra = [o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention"))]
+    return bench_scale.report(a.scale, str(Path(cfg.cache_dir).resolve()), tok, devices, sizes, a.scale_engine, extra)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=int, default=2, help="checkpoints in the sweep section")
     ap.add_argument("--online", type=int, default=12, help="prompts for the online loop")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, online, generation, scale")
-    ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES), help="the random target shape of the scale section")
+    ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES) + sorted(bench_scale.SHAPES),
+                    help="the random target shape of the scale section")
+    ap.add_argument("--scale-devices", default=None, help="VL shapes: devices to evaluate on, e.g. cuda,cpu (default: cuda if present, else cpu)")
+    ap.add_argument("--scale-gpu", default="12x256", help="VL shapes on CUDA: prompts x max_new_tokens")
+    ap.add_argument("--scale-cpu", default="4x64", help="VL shapes on CPU: prompts x max_new_tokens")
+    ap.add_argument("--scale-engine", action="store_true", help="VL shapes on CUDA: also the references engine with and without inductor")
+    ap.add_argument("--scale-tokenizer", default=None, help="VL shapes: a tokenizer folder (default: the configured target's)")
+    ap.add_argument("--scale-eval", help=argparse.SUPPRESS)
     ap.add_argument("--scale-prompts", type=int, default=None, help="the first N prompts' tokens in the scale section (default: all)")
     ap.add_argument("--scale-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     if a.scale_child:
         return scale_child(a.scale_child[0], json.loads(a.scale_child[2]), a.scale_child[1])
+    if a.scale_eval:
+        return bench_scale.scale_eval(json.loads(a.scale_eval))
     configure(True)
     from hydra import compose, initialize_config_dir
 
@@ -248,6 +269,10 @@ def main() -> None:
             (real / sub).mkdir(parents=True, exist_ok=True)
             os.symlink(real / sub, Path(tmp, sub))
         cfg = replace(cfg, cache_dir=tmp)
+        vl = a.scale in bench_scale.SHAPES
+        if vl and skip >= {"sweep", "online", "generation"}:  # the scale section alone: no SmolLM2 job needed
+            print(vl_scale(cfg, a), flush=True)
+            return
         res = pipeline.run(cfg)  # references generated and the target converted if this machine has not yet: not timed
         warm = sum(res.timings.get(k, 0.0) for k in ("load_drafter", "replay"))  # without --sweep: the warm cost, roughly
         report = [f"dflash.bench on {torch.get_num_threads()} CPU threads, torch {torch.__version__}, device {cfg.device.name}"]
@@ -256,7 +281,8 @@ def main() -> None:
             report.append(text)
             print(text, flush=True)
         for name, fn in (("online", lambda: online(cfg, res, warm, a.online)),
-                         ("generation", lambda: generation(cfg, res)), ("scale", lambda: scale(cfg, res, a.scale, a.scale_prompts))):
+                         ("generation", lambda: generation(cfg, res)),
+                         ("scale", lambda: vl_scale(cfg, a) if vl else scale(cfg, res, a.scale, a.scale_prompts))):
             if name in skip:
                 continue
             try:

@@ -19,6 +19,7 @@ from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, E
 from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
 from dflash.models.drafter_config import effective_config
+from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
@@ -99,6 +100,8 @@ def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], sr
         drafter = build_drafter(src, cfg.drafter.sliding_window, device=target.head_device, dtype=target.dtype)  # beside the last layers
         drafter.model.eval().requires_grad_(False)
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
+    if (kernel := linear_attention_kernel(target.model)) is not None:
+        log.info("target: Gated DeltaNet layers run %s", kernel)
     return target, drafter
 
 
@@ -201,6 +204,8 @@ def run(cfg: EvalConfig) -> EvalResult:
         refs1, stats1 = references(first, ids)
         prompts, ids, refs, ref_stats = references_in_rounds(prompts, target.tokenizer, lambda p: render_checked(cfg, info, [p])[0], references,
                                                              first=(ids, refs1, stats1))
+    if ref_stats.setup_s is not None:
+        timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
     unmeasured = check_measured(results, rc.source)
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
@@ -222,6 +227,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
         stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
         drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
+        linear_attention_kernel=linear_attention_kernel(target.model),
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]

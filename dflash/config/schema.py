@@ -104,7 +104,8 @@ class ReferencesConfig:  # dflash.stages.references.ReferenceOptions checks ever
     url: Optional[str] = None
     model: Optional[str] = None  # openai: the served model name
     batch_size: int = 16
-    compile: bool = True  # local on CUDA: inductor over the static-cache engine's step (seconds once; 1.7-1.9x HF static generate on an H200)
+    compile: str = "auto"  # local on CUDA: inductor before the engine's CUDA graph capture: auto | true | false (auto: from compile_min_steps)
+    compile_min_steps: int = 10000  # auto compiles when the engine runs at least this many decode steps (ceil(prompts / batch) x max_new_tokens)
     use_cache: bool = True  # false: neither read nor write the reference cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
     concurrency: int = 8  # server: requests in flight at once

@@ -330,6 +330,27 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
+COMPILE_CHOICES = ("auto", "true", "false")
+
+
+def decode_steps(prompts: int, batch: int, max_new_tokens: int) -> int:
+    """Steps the engine runs at most: one per new token of each batch of `batch` rows."""
+    return -(-prompts // max(1, min(batch, prompts))) * max_new_tokens if prompts else 0
+
+
+def choose_compile(choice: bool | str, steps: int, min_steps: int) -> tuple[bool, str]:
+    """`references.compile`: true / false as given; auto compiles (inductor before the CUDA graph
+    capture) only when the engine will run at least `min_steps` decode steps, where the saving per
+    step pays for the compile's set-up (break-even measured by `python -m dflash.bench`). -> (compile, why)."""
+    c = str(choice).lower()
+    if c not in COMPILE_CHOICES:
+        raise ValueError(f"compile={choice!r}: use auto, true or false")
+    if c != "auto":
+        return c == "true", f"references.compile={c}"
+    yes = steps >= min_steps
+    return yes, f"auto: {steps} decode steps {'>=' if yes else '<'} references.compile_min_steps={min_steps}"
+
+
 @torch.no_grad()
 def generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16, eos_ids: Sequence[int] | None = None,
              graphs: bool | None = None, compile: bool = False, generator: Generator | None = None) -> list[list[int]]:

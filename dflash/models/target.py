@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dflash.models import kernels
 from dflash.models import weights as weight_files
 from dflash.util.errors import TargetError
 from dflash.util.memo import PROCESS
@@ -293,6 +294,8 @@ def load_target(
             raise TargetError(f"{folder}: the weights' shapes do not match its config.json (transformers' loading report above names them)") from None
     if device_map is None:
         model = model.to(device)
+    if str(device) == "cpu" and (rerouted := kernels.use_torch_fallback(model)):
+        log.info("target: on CPU, Gated DeltaNet runs transformers' torch code (%s rerouted from their CUDA-only kernels)", ", ".join(rerouted))
     model.eval().requires_grad_(False)
     target = Target(model=model, tokenizer=info.tokenizer, identity=info.identity, source=info.source, max_context=info.max_context, info=info)
     got, want = (target.num_layers, target.hidden_size, target.vocab_size), (info.num_layers, info.hidden_size, info.vocab_size)

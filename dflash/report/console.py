@@ -57,6 +57,9 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "
         f"{ref.hits} cached, {ref.generated} generated; {ref.convention}"
     )
+    if info.linear_attention_kernel or ref.engine:
+        lines.append("; ".join(filter(None, [f"linear attention: {info.linear_attention_kernel}" if info.linear_attention_kernel else None,
+                                            f"references engine: {ref.engine}" if ref.engine else None])))
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
     for s in res.samples[:1]:  # dflash.report.samples records
         lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,8 @@ from typing import Any, Callable
 
 import torch
 
-from dflash.models.decode import length_batches
+from dflash.config.schema import ReferencesConfig
+from dflash.models.decode import COMPILE_CHOICES, choose_compile, decode_steps, length_batches
 from dflash.models.forward import forward, new_cache
 from dflash.models.sampling import Sampling, pick, row_keys
 from dflash.stages.served import Served
@@ -53,6 +55,7 @@ from dflash.util.files import atomic_write_text
 from dflash.util.progress import Progress, log
 
 SOURCES = ("local", "sglang", "openai")
+COMPILE_MIN_STEPS = ReferencesConfig.compile_min_steps  # references.compile=auto's threshold (the measured break-even: README, Performance)
 
 
 @dataclass
@@ -63,7 +66,8 @@ class ReferenceOptions(CallPolicy):
     url: str | None = None
     model: str | None = None  # openai: the served model name
     batch_size: int = 16  # local: prompts per batch
-    compile: bool = True  # local on CUDA: inductor over the engine's step before its CUDA graph is captured
+    compile: bool | str = "auto"  # local on CUDA: inductor before the CUDA graph capture; auto: when the work pays for it (decode.choose_compile)
+    compile_min_steps: int = COMPILE_MIN_STEPS  # auto compiles from this many decode steps (the measured break-even)
     use_cache: bool = True  # false: neither read nor write the cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
     concurrency: int = 8  # server: requests in flight at once
@@ -82,6 +86,8 @@ class ReferenceOptions(CallPolicy):
         rules = [
             ("source", self.source in SOURCES, f"use one of {', '.join(SOURCES)}"),
             ("batch_size", self.batch_size >= 1, "must be >= 1"),
+            ("compile", str(self.compile).lower() in COMPILE_CHOICES, "use auto, true or false"),
+            ("compile_min_steps", self.compile_min_steps >= 0, "must be >= 0 decode steps"),
             ("concurrency", self.concurrency >= 1, "must be >= 1"),
             ("connect_timeout_s", self.connect_timeout_s > 0, "must be > 0 seconds"),
             ("read_timeout_s", self.read_timeout_s > 0, "must be > 0 seconds"),
@@ -116,6 +122,8 @@ class ReferenceStats:
     probe_prompts: int = 0
     probe_prefix_agreement: float | None = None  # server tokens matched by the local target before the first divergence
     probe_exact_match: float | None = None  # probe prompts whose references are identical
+    engine: str | None = None  # local generation: how it ran (static cache, CUDA graphs, compiled or not and why)
+    setup_s: float | None = None  # local generation: the engine's set-up before its first token (compile, capture); None: none built
     warnings: list[str] = field(default_factory=list)
     served: dict[tuple[int, ...], Served] = field(default_factory=dict)  # prompt ids -> the server's speculative counters (stages/served.py)
 
@@ -199,19 +207,29 @@ class ReferenceCache:
 
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
-                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool = False,
+                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool | str = False,
+                    compile_min_steps: int = COMPILE_MIN_STEPS, stats: ReferenceStats | None = None,
                     sampling: Sampling = Sampling()) -> list[list[int]]:
     """Greedy completions (or sampled: `sampling`, position-keyed, so independent of the batch;
     EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
-    engine (decode.Generator, CUDA graphs; `compile`: inductor first) as each batch ends."""
+    engine (decode.Generator, CUDA graphs; `compile`: inductor first, true / false / auto as
+    decode.choose_compile rules) as each batch ends. `stats` gets the engine's label and set-up seconds."""
     out: list[list[int]] = [[] for _ in prompts]
     if not prompts:
         return out
     tokens = 0
-    engine = _static_engine(target, min(batch_size, len(prompts)), max(map(len, prompts)), max_new_tokens, compile, sampling)
-    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), min(batch_size, len(prompts)), max_new_tokens,
-             "static cache" + (", CUDA graphs" if engine.eng.graphs else "") if engine else "dynamic cache")
+    b = min(batch_size, len(prompts))
+    comp, why = choose_compile(compile, decode_steps(len(prompts), b, max_new_tokens), compile_min_steps)
+    t0 = time.perf_counter()
+    engine = _static_engine(target, b, max(map(len, prompts)), max_new_tokens, comp, sampling)
+    setup = time.perf_counter() - t0
+    label = (f"static cache{', CUDA graphs' if engine.eng.graphs else ''}, {'compiled' if comp else 'not compiled'} ({why})" if engine
+             else "dynamic cache")
+    if stats is not None:
+        stats.engine, stats.setup_s = label, (setup if engine else None)
+    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s%s", len(prompts), b, max_new_tokens, label,
+             f"; engine set-up {setup:.1f} s" if engine else "")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:
 
         def finish(i: int, comp: list[int]) -> None:
@@ -405,7 +423,8 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
-            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, sampling=o.sampling)
+            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, compile_min_steps=o.compile_min_steps,
+                            stats=stats, sampling=o.sampling)
         else:
             assert plan.server is not None
             server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling)
@@ -424,8 +443,8 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     k = min(o.probe_prompts, len(prompts))
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
-    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh,
-                          temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
+    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh, compile=o.compile,
+                          compile_min_steps=o.compile_min_steps, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
     local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]

@@ -48,6 +48,7 @@ class RunInfo:
     prompt_ids: list[str]  # the selected prompts, in order
     references: ReferenceStats
     drafter_config: dict[str, Any] = field(default_factory=dict)  # drafter_config.effective_config: what was evaluated
+    linear_attention_kernel: str | None = None  # hybrid targets: the Gated DeltaNet layers' code (models.kernels), None for others
 
 
 @dataclass

@@ -1,0 +1,248 @@
+"""The bench at the users' shape: a random Qwen3.6-27B-shaped VL checkpoint, evaluated stage by stage.
+
+    python -m dflash.bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu 12x256]
+        [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR]
+
+`build_vl(shape, folder, tokenizer)` writes a `Qwen3_5ForConditionalGeneration` of random weights
+(the real config's text decoder: 64 layers, 3 Gated DeltaNet layers to 1 full-attention layer,
+hidden 5120, vocabulary 248,320; and its vision tower) as a VL folder: built on the GPU in bf16
+where there is one and saved shard by shard (safetensors, `model.safetensors.index.json`), with
+the given tokenizer beside it (SmolLM2's: ids past its 49,152 decode to nothing). Not committed;
+under `<cache_dir>/bench/<shape>` (rebuilt when absent).
+
+`scale_eval` (a child process per device, so peak RSS is its own): `pipeline.run` with
+`target=qwen3_6_27b target.path=<folder> drafter=init drafter.num_layers=5` on builtin prompts,
+then the drafter saved as an HF folder and loaded back from it (what a checkpoint evaluation pays)
+and, with `--scale-engine` on CUDA, the references engine with and without inductor
+(`speed.bench_generation`): its set-up and time per step, whose ratio is the compile's break-even.
+`report` prints the stage table, the ratios of issue 21 and the field's protocol projected from
+the per-token costs measured here (DFLASH.md §7: 2048 new tokens, 128 prompts per data set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash import pipeline
+from dflash.config import schema as config_mod
+from dflash.util.progress import log
+
+SHAPES: dict[str, dict[str, Any]] = {  # Qwen3.5 / 3.6-27B's config.json (text and vision), as transformers' Qwen3_5Config takes it
+    "qwen3_6_27b": dict(
+        text_config=dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4,
+                         head_dim=256, vocab_size=248320, max_position_embeddings=262144, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=48, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, attn_output_gate=True, full_attention_interval=4, eos_token_id=248044,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000000, partial_rotary_factor=0.25, mrope_interleaved=True,
+                                              mrope_section=[11, 11, 10])),
+        vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=5120, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304),
+        tie_word_embeddings=False,
+    ),
+    "tiny_vl": dict(  # the tests' shape: the same code path in seconds
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         vocab_size=49152, max_position_embeddings=4096, linear_num_key_heads=2, linear_num_value_heads=4,
+                         linear_key_head_dim=16, linear_value_head_dim=16, eos_token_id=2),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4, num_position_embeddings=16),
+    ),
+}
+SHARD_BYTES = 4 << 30
+PROTOCOL_TOKENS, PROTOCOL_PROMPTS = 2048, 128  # DFLASH.md §7: max_new_tokens, prompts per data set (gsm8k, math500, mbpp: 128)
+
+
+def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
+    """A random-weight VL checkpoint of `shape` (bf16; on CUDA when there is one), saved shard by shard."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    if (folder / "config.json").is_file():
+        return folder
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    config = Qwen3_5Config(**SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = Qwen3_5ForConditionalGeneration._from_config(config, dtype=torch.bfloat16).eval()
+    built = time.perf_counter() - t0
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+    sd = model.state_dict()
+    shards: list[list[str]] = [[]]
+    size = 0
+    for k, v in sd.items():
+        if size and size + v.numel() * v.element_size() > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(k)
+        size += v.numel() * v.element_size()
+    index: dict[str, str] = {}
+    for i, keys in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: sd[k].detach().to("cpu").contiguous() for k in keys}, str(tmp / name), metadata={"format": "pt"})
+        index.update({k: name for k in keys})
+    total = sum(v.numel() * v.element_size() for v in sd.values())
+    (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    params = sum(v.numel() for v in sd.values())
+    del model, sd
+    os.rename(tmp, folder)
+    log.info("scale: %s written to %s: %.2fB parameters, %.1f GB, built in %.1f s on %s, %.1f s in all", shape, folder, params / 1e9, total / 1e9,
+             built, dev, time.perf_counter() - t0)
+    return folder
+
+
+def _config(overrides: list[str]) -> config_mod.EvalConfig:
+    from hydra import compose, initialize_config_dir
+
+    config_mod.register()
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        return config_mod.to_object(compose("config", overrides=overrides))
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def drafter_from_file(cfg: config_mod.EvalConfig, info: Any, where: Path) -> dict[str, float]:
+    """drafter=init built (its random init), saved as an HF folder, then loaded back as a checkpoint evaluation loads it."""
+    from dflash.models.checkpoint import build_drafter, fit_drafter, save_hf_folder
+
+    device, dtype = pipeline.resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
+    out: dict[str, float] = {}
+    for kind in ("init", "hf"):
+        c = cfg if kind == "init" else replace(cfg, drafter=replace(cfg.drafter, kind="hf", path=str(where), name="saved"))
+        t0 = time.perf_counter()
+        d = build_drafter(fit_drafter(pipeline.read_drafter_conf(c), info))
+        d.model.to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
+        _sync(device)
+        out[f"drafter_{kind}_s"] = time.perf_counter() - t0
+        if kind == "init":
+            out["drafter_params"] = sum(p.numel() for p in d.model.parameters())
+            save_hf_folder(d.model, where)
+        del d
+    return out
+
+
+def scale_eval(spec: dict[str, Any]) -> None:
+    """In a child process: one evaluation of the VL folder on one device; prints JSON last."""
+    from dflash.models.target import inspect_target
+    from dflash.util.memo import PROCESS
+    from dflash.util.progress import configure
+
+    configure(True)
+    n, m = spec["prompts"], spec["max_new_tokens"]
+    ov = ["target=qwen3_6_27b", f"target.path={spec['folder']}", "drafter=init", "drafter.num_layers=5", f"device={spec['device']}",
+          "device.dtype=bfloat16", f"prompts.num_prompts={n}", f"prompts.max_new_tokens={m}", "num_samples=0", "tracking.enabled=false",
+          f"cache_dir={spec['cache_dir']}", *spec.get("overrides", [])]
+    cfg = _config(ov)
+    t0 = time.perf_counter()
+    res = pipeline.run(cfg)
+    wall = time.perf_counter() - t0
+    r = res.prompts
+    out: dict[str, Any] = dict(device=spec["device"], timings=res.timings, wall=wall, prompts=len(r), max_new_tokens=m,
+                               prompt_tokens=sum(len(p.prompt_ids) for p in r), new_tokens=sum(len(p.reference) for p in r),
+                               kernel=res.info.linear_attention_kernel, engine=res.info.references.engine, tau=res.metrics["acceptance_length"],
+                               peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, threads=torch.get_num_threads())
+    info = inspect_target("vlm_text", spec["folder"], spec["cache_dir"])
+    with tempfile.TemporaryDirectory(prefix="dflash-scale-drafter-") as tmp:
+        out.update(drafter_from_file(cfg, info, Path(tmp) / "drafter"))
+    if spec.get("engine") and spec["device"] == "cuda":
+        from dflash.models.target import load_target
+        from dflash.online.speed import bench_generation
+
+        PROCESS.clear()
+        target = load_target(info, dtype="bfloat16", device="cuda", cache_dir=spec["cache_dir"])
+        g = bench_generation(target, [p.prompt_ids for p in r], m, batches=(len(r),), compile=None, hf=False)
+        out["engine_rates"] = [dict(method=x.method, batch=x.batch, tokens=x.tokens, seconds=x.seconds, setup_s=x.setup_s) for x in g.rates]
+    print(json.dumps(out))
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    log.info("scale: evaluating on %s (%d prompts x %d tokens)", spec["device"], spec["prompts"], spec["max_new_tokens"])
+    p = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-eval", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    if p.returncode:
+        raise RuntimeError(f"the {spec['device']} evaluation failed (exit {p.returncode}); its log is above")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _per_token(r: dict[str, Any]) -> dict[str, float]:
+    """Seconds per token of each stage: references per new token (set-up apart), features per token
+    of prompt + reference, replay per reference token."""
+    t = r["timings"]
+    setup = t.get("references_setup", 0.0)
+    return dict(references=(t["references"] - setup) / r["new_tokens"], features=t["features"] / (r["prompt_tokens"] + r["new_tokens"]),
+                replay=t["replay"] / r["new_tokens"])
+
+
+def format_device(r: dict[str, Any]) -> list[str]:
+    t, pt = r["timings"], _per_token(r)
+    toks = r["prompt_tokens"] + r["new_tokens"]
+    lines = [f"scale on {r['device']} ({r['threads']} CPU threads), bf16, {r['prompts']} builtin prompts x {r['max_new_tokens']} new tokens "
+             f"({r['prompt_tokens']} prompt + {r['new_tokens']} new tokens), linear attention: {r['kernel']}; references engine: {r['engine']}"]
+    rows = [("prepare (drafter read, target inspected, prompts)", t.get("prepare"), ""),
+            ("load target", t.get("load_target"), ""),
+            (f"load drafter (drafter=init: random init of {r['drafter_params'] / 1e9:.2f}B parameters)", t.get("load_drafter"), ""),
+            ("references", t.get("references"), f"{1 / pt['references']:.1f} new tok/s after set-up"),
+            ("  of which engine set-up", t.get("references_setup"), ""),
+            ("features", t.get("features"), f"{toks / t['features']:.1f} tok/s"),
+            ("replay", t.get("replay"), f"{r['new_tokens'] / t['replay']:.1f} tok/s"),
+            ("drafter=init built again (its own cost)", r["drafter_init_s"], ""),
+            ("drafter loaded from a saved HF folder (a checkpoint's load)", r["drafter_hf_s"], ""),
+            ("the whole pipeline.run", r["wall"], "")]
+    lines += [f"  {name:<62} {'-' if v is None else f'{v:8.2f} s'}  {extra}" for name, v, extra in rows]
+    lines.append(f"  peak RSS {r['peak_rss'] / 1e9:.1f} GB; τ {r['tau']:.3f} (random drafter)")
+    ratio = pt["replay"] / pt["features"]
+    lines.append(f"  replay per token / feature pass per token: {pt['replay'] * 1e3:.2f} / {pt['features'] * 1e3:.2f} ms = {ratio:.2f}x "
+                 "(target <= 0.5x)")
+    lines.append(f"  drafter load from a file: {r['drafter_hf_s']:.2f} s (target <= 2 s); drafter=init: {r['drafter_init_s']:.2f} s")
+    ref_s = pt["references"] * PROTOCOL_TOKENS * PROTOCOL_PROMPTS
+    feat_s = pt["features"] * (r["prompt_tokens"] / r["prompts"] + PROTOCOL_TOKENS) * PROTOCOL_PROMPTS
+    rep_s = pt["replay"] * PROTOCOL_TOKENS * PROTOCOL_PROMPTS
+    first = t.get("load_target", 0) + ref_s + (t.get("references_setup") or 0) + feat_s + rep_s + r["drafter_hf_s"]
+    lines.append(f"  projected, one data set of the field's protocol ({PROTOCOL_PROMPTS} prompts x {PROTOCOL_TOKENS} new tokens, the per-token "
+                 f"costs above at this run's batch and lengths): references {ref_s / 60:.1f} min, features {feat_s / 60:.1f} min, replay "
+                 f"{rep_s / 60:.1f} min; first checkpoint {first / 3600:.2f} h, each further checkpoint (references and features cached) "
+                 f"{(rep_s + r['drafter_hf_s']) / 60:.1f} min")
+    for x in r.get("engine_rates", []):
+        step_ms = x["seconds"] * 1e3 / max(1, r["max_new_tokens"])
+        lines.append(f"  engine {x['method']:<16} batch {x['batch']}: set-up {x['setup_s']:.1f} s, {step_ms:.2f} ms per step "
+                     f"({x['tokens']} tokens in {x['seconds']:.2f} s)")
+    rates = {x["method"]: x for x in r.get("engine_rates", [])}
+    if {"engine", "engine+inductor"} <= set(rates):
+        a, b = rates["engine"], rates["engine+inductor"]
+        save = (a["seconds"] - b["seconds"]) / max(1, r["max_new_tokens"])  # per step (the timed run: max_new_tokens steps at most)
+        extra = b["setup_s"] - a["setup_s"]
+        lines.append(f"  compile break-even: {extra:.1f} s more set-up / {save * 1e3:.2f} ms saved per step = "
+                     + (f"{extra / save:.0f} decode steps" if save > 0 else "never (no saving per step)"))
+    return lines
+
+
+def report(shape: str, cache_dir: str, tokenizer: Any, devices: list[str], sizes: dict[str, tuple[int, int]], engine: bool,
+           overrides: list[str]) -> str:
+    folder = build_vl(shape, Path(cache_dir, "bench", shape), tokenizer)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="dflash-scale-cache-") as cache:
+        for dev in devices:
+            n, m = sizes[dev]
+            results.append(_child(dict(folder=str(folder), device=dev, prompts=n, max_new_tokens=m, cache_dir=cache, engine=engine,
+                                       overrides=overrides)))
+            shutil.rmtree(Path(cache, "features"), ignore_errors=True)
+    lines = [f"scale: random {shape} VL checkpoint at {folder} ({sum(p.stat().st_size for p in folder.glob('*.safetensors')) / 1e9:.1f} GB)"]
+    for r in results:
+        lines += format_device(r)
+    lines.append("raw: " + json.dumps(results))
+    return "\n".join(lines)
