@@ -60,6 +60,7 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     from dflash.report import plots, samples
     from dflash.stages.metrics import commit_share, position_table
     from dflash.stages.result import per_prompt_row
+    from dflash.stages.served import served_histogram
 
     info = res.info
     run.set_tags({
@@ -70,24 +71,31 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     })
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
     curves = {f"by_position/{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
-    run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=curves, digits=4)
-    run.log_metrics({}, curves={"by_commit/share": commit_share(res.total)}, digits=4)  # step = tokens committed by a verify step
+    run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=curves)
+    run.log_metrics({}, curves={"by_commit/share": commit_share(res.total)})  # step = tokens committed by a verify step
+    if share := served_histogram(list(info.references.served.values())):
+        run.log_metrics({}, curves={"served/by_commit/share": share})  # the server's own histogram, same steps
     ds = prompt_dataset(res, c)
     run.log_dataset(**ds)
     run.set_note(report.markdown(res, ds["name"], c.target.name))
     run.log_text(OmegaConf.to_yaml(composed), "config.yaml")
-    run.log_table([per_prompt_row(r) for r in res.prompts], "per_prompt.json")
+    run.log_table([per_prompt_row(r).to_dict() for r in res.prompts], "per_prompt.json")
     run.log_table(position_table(res.total), "per_position.json")
     run.log_files({**plots.run_plots(res.total, info.run_name), **samples.artifacts(res.samples, info.run_name)})
     run.setup_eval_experiment(sorted({r.prompt.subset for r in res.prompts}))
 
 
 def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
-    from dflash import pipeline, tracking
-    from dflash.report import console as report
+    from dflash.stages.preflight import check_inputs
 
     c = config_mod.to_object(cfg)
     configure(c.progress)
+    if ctx.sweep is None and ctx.job_num is None:  # a single run fails fast, before torch, transformers and MLflow load;
+        check_inputs(c)  # a sweep job gets its MLflow run, ended FAILED with the same error from the pipeline
+
+    from dflash import pipeline, tracking
+    from dflash.report import console as report
+
     if c.device.gpu_per_job and ctx.job_num is not None:
         c.device.name = pipeline.job_device(c.device.name, ctx.job_num)
     tc = c.tracking

@@ -45,6 +45,7 @@ from dflash.models.checkpoint import find_path, list_steps
 from dflash.online.speed import bench_generation, bench_online, format_generation, format_online
 from dflash.stages import features
 from dflash.stages.result import EvalResult
+from dflash.util.files import atomic_dir
 from dflash.util.memo import PROCESS
 from dflash.util.progress import configure, log
 
@@ -166,12 +167,10 @@ def random_target(shape: str, cache_dir: str, tokenizer) -> Path:
     log.info("scale: creating a random %s target under %s (once)", shape, folder)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=shape + ".tmp-", dir=folder.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    with atomic_dir(folder) as tmp:  # follows the umask: the bench folder sits in the shared cache
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     del model
-    os.rename(tmp, folder)
     return folder
 
 

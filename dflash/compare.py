@@ -2,11 +2,12 @@
 is B better or worse than A?
 
 Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: the newest finished
-runs of those names that replayed the same prompts) that replayed the same prompts against the
-same references are compared prompt by prompt (dflash/report/compare.py): the gap in τ, in
+runs of those names that pair) that replayed the same prompts against the same references, on one
+target and dtype, are compared prompt by prompt (dflash/report/compare.py): the gap in τ, in
 teacher-forced accuracy at slots 1-3 and (both run with scores=true) in the reference token's NLL,
-each with its paired SE. A gap of 2 SE or more is reported as measurable. Runs over other prompts
-or other references are refused: their gap mixes drafter and data. The table prints; with
+each with its paired SE. A gap of 2 SE or more is reported as measurable. Runs over other prompts,
+other references (each per-prompt row's digest of its reference ids), another target or dtype are
+refused, naming the prompts that differ: their gap mixes drafter and data. The table prints; with
 `--out DIR` it is also written as `compare_<A>_vs_<B>.csv` with a plot of the gaps (`.png`), and
 `--log-to RUN_ID` logs both to that run under `compare/`. Exits 2 with a message on bad input.
 """
@@ -17,23 +18,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from dflash.report.compare import CompareError, align, compare, compare_artifacts, render
+from dflash.report.compare import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
+from dflash.stages.metrics import PromptRow
 from dflash.util.errors import UserError
-
-
-def _write(out_dir: Path, files: dict[str, bytes]) -> list[Path]:
-    """Each file to a temporary name, then renamed: nothing half-written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, data in files.items():
-        path = out_dir / name
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
-        paths.append(path)
-    return paths
+from dflash.util.files import atomic_write_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,25 +40,33 @@ def main(argv: list[str] | None = None) -> int:
         for arg, found in ((args.run_a, runs_a), (args.run_b, runs_b)):
             if not found:
                 raise CompareError(f"no finished run with id or name {arg!r} in {args.uri}; list them with: mlflow ui --backend-store-uri {args.uri}")
-        rows: dict[str, list[dict[str, Any]]] = {}
+        rows: dict[str, tuple[list[PromptRow], RunIdentity]] = {}
 
-        def per_prompt(run_id: str) -> list[dict[str, Any]]:
+        def run(run_id: str) -> tuple[list[PromptRow], RunIdentity]:
             if run_id not in rows:
-                rows[run_id] = tracking.load_per_prompt(args.uri, run_id)
+                rows[run_id] = rows_of(tracking.load_per_prompt(args.uri, run_id)), RunIdentity.from_tags(tracking.run_tags(args.uri, run_id))
             return rows[run_id]
 
-        def same_prompts(a: tuple[str, str], b: tuple[str, str]) -> bool:
-            return {r["id"] for r in per_prompt(a[0])} == {r["id"] for r in per_prompt(b[0])}
+        def newest_pair() -> tuple[str, str, str, str, list[tuple[PromptRow, PromptRow]]]:
+            """The newest pair of runs that pairs (same prompts, digests, target and dtype), else why the newest does not."""
+            first: CompareError | None = None
+            for id_a, name_a in runs_a:
+                for id_b, name_b in runs_b:
+                    (rows_a, who_a), (rows_b, who_b) = run(id_a), run(id_b)
+                    try:
+                        return id_a, name_a, id_b, name_b, align(rows_a, rows_b, who_a, who_b)
+                    except CompareError as e:
+                        first = first or e
+            raise first or CompareError("no pair of runs")
 
-        # the newest pair over the same prompts, else the two newest (align then says why not)
-        (id_a, name_a), (id_b, name_b) = next(((a, b) for a in runs_a for b in runs_b if same_prompts(a, b)), (runs_a[0], runs_b[0]))
-        pairs = align(per_prompt(id_a), per_prompt(id_b))
+        id_a, name_a, id_b, name_b, pairs = newest_pair()
         table = compare(pairs)
         print(render(f"{name_a} ({id_a[:8]})", f"{name_b} ({id_b[:8]})", len(pairs), table))
         files = compare_artifacts(name_a, name_b, table) if args.out or args.log_to else {}
         if args.out:
-            for path in _write(args.out, files):
-                print(f"wrote {path}")
+            for name, data in files.items():
+                atomic_write_bytes(args.out / name, data)
+                print(f"wrote {args.out / name}")
         if args.log_to:
             tracking.log_files(args.uri, args.log_to, {f"compare/{k}": v for k, v in files.items()})
             print(f"logged {', '.join(files)} to run {args.log_to} under compare/")

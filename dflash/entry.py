@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 from dflash.config.schema import check_overrides, check_schema, experiment_name
 from dflash.report.sweep import swept_values
 from dflash.util.errors import ConfigError, Terminated, UserError, exit_code, install_signal_handlers, signals_deferred, verbose
+from dflash.util.files import atomic_write_text
 
 # --- Hydra job context and sweeps ----------------------------------------------------------------
 
@@ -75,10 +76,7 @@ def _state_dir(sweep_dir: str) -> Path:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(obj, indent=1))
 
 
 def sweep_name(overrides: list[str]) -> str:
@@ -196,7 +194,7 @@ def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: O
     for parent in parents:
         kids = parent.children
         values = swept_values([k.overrides for k in kids])
-        children = [sweep.Child(k.name, k.run_id, v, k.rows, k.params) for k, v in zip(kids, values)]
+        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, k.tags) for k, v in zip(kids, values)]
         table = sweep.sweep_table(children) if children else []
         bad_jobs = sorted({int(r["job"]) for r in failed} | {k.job for k in kids if k.status != "FINISHED"})
         final = status or ("FAILED" if bad_jobs else "FINISHED")

@@ -1,4 +1,4 @@
-"""The evaluation pipeline: config -> load -> references -> features -> replay -> metrics.
+"""The evaluation pipeline: config -> load -> references (in rounds for multi-turn prompts) -> features -> replay -> metrics.
 
 `run(cfg)` takes the typed config (`dflash.config.schema.EvalConfig`) and returns an `EvalResult`: plain
 typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
@@ -23,12 +23,14 @@ from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
-from dflash.stages.metrics import accept_rate, accept_rate_cond, accuracy, confidence, nll, scored, summarize
+from dflash.stages.metrics import position_curves, summarize
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
-from dflash.stages.references import check_references, get_references
+from dflash.stages.references import ReferenceOptions, check_references, get_references
 from dflash.stages.replay import evaluate_sequence
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
-from dflash.util.errors import ConfigError, PromptError
+from dflash.stages.served import served_metrics
+from dflash.stages.turns import expand, references_in_rounds, turn_of
+from dflash.util.errors import ConfigError, PromptError, ReferenceError
 from dflash.util.progress import Progress, log
 
 
@@ -95,23 +97,30 @@ def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], sr
     with timed(timings, "load_target"):
         target = load_target(info, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir, device_map=cfg.device.device_map)
     with timed(timings, "load_drafter"):
-        drafter = build_drafter(src, cfg.drafter.sliding_window)
-        drafter.model.to(device=target.head_device, dtype=target.dtype).eval().requires_grad_(False)  # beside the last layers
+        drafter = build_drafter(src, cfg.drafter.sliding_window, device=target.head_device, dtype=target.dtype)  # beside the last layers
+        drafter.model.eval().requires_grad_(False)
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     if (kernel := linear_attention_kernel(target.model)) is not None:
         log.info("target: Gated DeltaNet layers run %s", kernel)
     return target, drafter
 
 
-def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], list[list[int]]]:
-    """The selected prompts, rendered through the target's chat template, checked against its context."""
-    pc = cfg.prompts
-    prompts = load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets)
+def render_checked(cfg: EvalConfig, info: TargetInfo, prompts: list[Prompt]) -> list[list[int]]:
+    """The prompts' ids through the target's chat template, checked against its context."""
     ids = [render(p, info.tokenizer, vars(cfg.target.template)) for p in prompts]
-    check_lengths(prompts, ids, pc.max_new_tokens, info.max_context)
-    log.info(
-        "prompts: %d from %s (%s), %d tokens", len(prompts), pc.path or pc.source, ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids))
-    )
+    check_lengths(prompts, ids, cfg.prompts.max_new_tokens, info.max_context)
+    return ids
+
+
+def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], list[list[int]]]:
+    """The selected prompts, multi-turn ones expanded (dflash.stages.turns), and the ids of the first
+    round (the prompts that wait for no answer of the target) rendered and checked."""
+    pc = cfg.prompts
+    prompts = expand(load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets, pc.data_dir, pc.selection, pc.seed))
+    first = [p for p in prompts if turn_of(p) == 1]
+    ids = render_checked(cfg, info, first)
+    log.info("prompts: %d from %s (%s), %d tokens in the first round", len(prompts), pc.path or pc.source,
+             ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids)))
     return prompts, ids
 
 
@@ -153,6 +162,22 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     return out
 
 
+def check_measured(results: list[PromptResult], source: str) -> list[str]:
+    """Prompts whose replay made no verify step measured nothing: all of them is an error (exit 2, the
+    run ends FAILED), some a warning naming them. -> the warnings."""
+    empty = [r for r in results if r.counters.steps == 0]
+    if not empty:
+        return []
+    named = ", ".join(f"{r.prompt.id} ({len(r.reference)} new token{'' if len(r.reference) == 1 else 's'})" for r in empty[:5])
+    what = (f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the first new token "
+            "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)")
+    if len(empty) == len(results):
+        raise ReferenceError(f"nothing was measured: {what}. Check the references (references={source}: does the server stop at once, "
+                             "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens")
+    log.warning("%s; they count in no ratio", what)
+    return [f"{what}; they count in no ratio"]
+
+
 def run(cfg: EvalConfig) -> EvalResult:
     timings: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
@@ -164,22 +189,29 @@ def run(cfg: EvalConfig) -> EvalResult:
         t = cfg.target
         info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
         prompts, ids = load_prompt_ids(cfg, info)
-        src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target
-        names = [p.id for p in prompts]
-        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, names, **vars(rc))
+        src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target (first round)
+        first = [p for p in prompts if turn_of(p) == 1]
+        ref_opts = ReferenceOptions(**vars(rc))  # the references.* fields, one typed object passed whole
+        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, [p.id for p in first], options=ref_opts)
+        warn = thinking_warning(cfg)
     target, drafter = load_models(cfg, info, timings, src)
     del src  # its weights are the module's now
+
+    def references(ps: list[Prompt], xs: list[list[int]]):
+        return get_references(target, xs, pc.max_new_tokens, tmpl, cfg.cache_dir, names=[p.id for p in ps], server=ref_plan.server, options=ref_opts)
+
     with timed(timings, "references"):
-        refs, ref_stats = get_references(target, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, names=names, server=ref_plan.server, **vars(rc))
+        refs1, stats1 = references(first, ids)
+        prompts, ids, refs, ref_stats = references_in_rounds(prompts, target.tokenizer, lambda p: render_checked(cfg, info, [p])[0], references,
+                                                             first=(ids, refs1, stats1))
     if ref_stats.setup_s is not None:
         timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
+    unmeasured = check_measured(results, rc.source)
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
-    curves = {"accept_rate": accept_rate(total), "accept_rate_cond": accept_rate_cond(total), "accuracy": accuracy(total)}
-    if scored(total):
-        curves.update(nll=nll(total), confidence=confidence(total))
+    curves = position_curves(total)
     if cfg.leak_probe:
         lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
@@ -187,6 +219,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         metrics["leak_probe/tau_gain"] = None if tau is None or leak_tau is None else leak_tau - tau  # undefined without a verify step
     metrics["tokens_per_second_replay"] = total.new_tokens / max(timings.get("replay", 0.0), 1e-9)
     metrics.update(ref_stats.metrics())
+    metrics.update(served_metrics([(r.counters, s) for r in results if (s := ref_stats.served.get(tuple(r.prompt_ids))) is not None]))
     dc = drafter.model.cfg
     info = RunInfo(
         run_name=run_name(cfg.drafter, drafter.step), drafter_name=drafter.name, drafter_step=drafter.step, checkpoint_path=drafter.path,
@@ -198,4 +231,19 @@ def run(cfg: EvalConfig) -> EvalResult:
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings)
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + unmeasured)
+
+
+PUBLIC_NO_THINKING = ("qwen3-4b-dflash", "qwen3-8b-dflash")  # z-lab trained these without thinking traces (DFLASH.md §7)
+
+
+def thinking_warning(cfg: EvalConfig) -> list[str]:
+    """A warning when a Qwen3-4B/8B public drafter is evaluated with target.template.enable_thinking=true."""
+    d = cfg.drafter
+    names = " ".join(str(x).lower() for x in (d.name, d.path, d.run_dir) if x)
+    if not cfg.target.template.enable_thinking or not any(n in names for n in PUBLIC_NO_THINKING):
+        return []
+    w = ("target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter: z-lab trained these without thinking traces and "
+         "publishes their τ with thinking off; this τ is not comparable (set target.template.enable_thinking=false)")
+    log.warning(w)
+    return [w]

@@ -89,6 +89,31 @@ def test_training_pickle_round_trip(qwen3_target, drafter, probe, tmp_path):
     assert torch.equal(_out(got.model, probe), _out(drafter, probe))
 
 
+def test_a_file_loaded_drafter_skips_random_init_and_equals_the_old_build(qwen3_target, drafter, probe, tmp_path, monkeypatch):
+    """Built on the meta device and assigned: no init runs, and the module equals one built the old way
+    (a randomly initialised module whose weights are then loaded), in float32 and in the target's bfloat16."""
+    from dflash.models.checkpoint import build_drafter, fit_drafter, read_drafter
+
+    run = tmp_path / "run"
+    _write_pickle(run, 7, drafter)
+    src = fit_drafter(read_drafter("training", "mine", run_dir=str(run), step=7), qwen3_target)
+    old = DFlashDrafter(src.config)  # the old way: torch's default init, then the weights
+    old.load_state_dict({k: src.state_dict[k] for k in old.state_dict()})
+    calls = []
+    for fn in ("kaiming_uniform_", "uniform_", "normal_"):
+        real = getattr(torch.nn.init, fn)
+        # an init on the meta device allocates and draws nothing; one on a real tensor is thrown-away work
+        monkeypatch.setattr(torch.nn.init, fn, lambda t, *a, _r=real, _n=fn, **k: (t.is_meta or calls.append(_n)) or _r(t, *a, **k))
+    monkeypatch.setattr(DFlashDrafter, "init_weights", lambda *a, **k: calls.append("init_weights"))
+    new = build_drafter(src).model
+    assert calls == []  # no real tensor initialised
+    _assert_same_weights(old, new)
+    assert torch.equal(_out(new, probe), _out(old, probe))
+    bf16 = build_drafter(src, dtype=torch.bfloat16).model
+    assert all(p.dtype == torch.bfloat16 and p.device.type == "cpu" for p in bf16.parameters()) and calls == []
+    _assert_same_weights(old, bf16.float(), dtype=torch.bfloat16)
+
+
 def test_training_latest_step_is_numeric(qwen3_target, make_drafter, tmp_path):
     run = tmp_path / "run"
     models = {s: make_drafter(qwen3_target, block_size=B, seed=s) for s in (2, 10, 9)}

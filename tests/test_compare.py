@@ -1,25 +1,32 @@
 """dflash.compare: the paired SE of a gap between two runs, and the refusal to pair runs that did
 not replay the same prompts against the same references (no model, no MLflow)."""
 
+import dataclasses
 import random
 
 import pytest
 
-from dflash.report.compare import CompareError, align, compare, compare_artifacts
+from dflash.report.compare import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
 from dflash.report.sweep import Child, best, position_curve, sweep_artifacts, sweep_table, swept_values
-from dflash.stages.metrics import paired_ratio_diff, ratio_se
+from dflash.stages.metrics import PromptRow, paired_ratio_diff, ratio_se
 
 
-def _rows(seed: int, shift: float = 0.0, n: int = 30):
+def _dicts(seed: int, shift: float = 0.0, n: int = 30) -> list[dict]:
+    """per_prompt.json rows as a run logs them (PromptRow.to_dict)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         steps = rng.randrange(50, 200)
         hard = rng.random()  # what makes a prompt hard is shared by every drafter
         committed = int(steps * (1.2 + hard + shift + 0.02 * rng.random()))
-        rows.append({"id": f"p{i}", "subset": "x" if i % 2 else "y", "new_tokens": 256, "steps": steps, "committed": committed,
-                     "tf_correct": [int(steps * 0.5 * (1 + shift)), 5, 1], "tf_total": [steps, steps, steps], "tf_nll": 4.0 * steps * 3})
+        rows.append(PromptRow(id=f"p{i}", subset="x" if i % 2 else "y", prompt_tokens=20, new_tokens=256, steps=steps, committed=committed,
+                              accepted_at_pos=[steps // 2, steps // 5, 0], tf_correct=[int(steps * 0.5 * (1 + shift)), 5, 1],
+                              tf_total=[steps, steps, steps], tf_nll=4.0 * steps * 3, prompt_digest=f"p{i}", reference_digest=f"r{i}").to_dict())
     return rows
+
+
+def _rows(seed: int, shift: float = 0.0, n: int = 30) -> list[PromptRow]:
+    return rows_of(_dicts(seed, shift, n))
 
 
 def test_paired_diff_of_a_run_with_itself_is_zero():
@@ -29,8 +36,8 @@ def test_paired_diff_of_a_run_with_itself_is_zero():
 
 def test_paired_se_matches_the_formula_and_beats_unpaired():
     a, b = _rows(1), _rows(1, shift=0.05)
-    na, da = [r["committed"] for r in a], [r["steps"] for r in a]
-    nb, db = [r["committed"] for r in b], [r["steps"] for r in b]
+    na, da = [r.committed for r in a], [r.steps for r in a]
+    nb, db = [r.committed for r in b], [r.steps for r in b]
     d, se = paired_ratio_diff(na, da, nb, db)
     ra, rb = sum(na) / sum(da), sum(nb) / sum(db)
     z = [(y - rb * e) / sum(db) - (x - ra * c) / sum(da) for x, c, y, e in zip(na, da, nb, db)]
@@ -45,7 +52,7 @@ def test_compare_rows_and_subsets():
     assert {"acceptance_length", "acceptance_length/x", "acceptance_length/y", "accuracy/pos_01", "nll_mean"} <= out.keys()
     assert out["acceptance_length"]["diff"] > 0 and out["acceptance_length"]["z"] > 2
     assert out["nll_mean"]["a"] == pytest.approx(4.0) and out["nll_mean"]["diff"] == pytest.approx(0.0)
-    unscored = [{**r, "tf_nll": None} for r in _rows(2)]  # a run without scores=true: no NLL row
+    unscored = [dataclasses.replace(r, tf_nll=None) for r in _rows(2)]  # a run without scores=true: no NLL row
     assert "nll_mean" not in {r["metric"] for r in compare(align(unscored, _rows(2)))}
 
 
@@ -53,13 +60,22 @@ def test_other_prompts_or_references_are_refused():
     a = _rows(3)
     with pytest.raises(CompareError, match="different prompts"):
         align(a, a[:-1])
-    b = [dict(r) for r in a]
-    b[4]["new_tokens"] = 200
-    with pytest.raises(CompareError, match="other references"):
+    b = list(a)
+    b[4] = dataclasses.replace(a[4], reference_digest="other")
+    with pytest.raises(CompareError, match="1 prompts have other references: p4; the runs used another target, dtype, server or sampling"):
         align(a, b)
-    old = [{k: v for k, v in r.items() if k != "committed"} for r in a]
+    with pytest.raises(CompareError, match="another dtype"):
+        align(a, a, RunIdentity("t", "float32"), RunIdentity("t", "bfloat16"))
     with pytest.raises(CompareError, match="evaluate it again"):
-        align(old, a)
+        rows_of([{k: v for k, v in r.items() if k != "reference_digest"} for r in _dicts(3)])
+
+
+def test_undefined_stays_undefined():
+    assert paired_ratio_diff([1.0], [0.0], [1.0], [2.0]) == (None, None)  # no step on a side
+    assert paired_ratio_diff([3.0], [2.0], [4.0], [2.0]) == (0.5, None)  # one prompt: no SE
+    one = _rows(9, n=1)
+    (row, *_) = compare(align(one, one))
+    assert row["se"] is None and row["z"] is None and " -" in render("a", "b", 1, [row])
 
 
 # --- files: the comparison and a sweep's table and plots ---------------------------------------
@@ -94,7 +110,7 @@ def test_swept_values_keep_what_differs():
 
 def test_sweep_table_pairs_every_child_with_the_first_that_finished():
     base, better = _rows(4), _rows(4, shift=0.1)
-    other_prompts = [dict(r, id=f"q{i}") for i, r in enumerate(_rows(5))]
+    other_prompts = [dataclasses.replace(r, id=f"q{i}") for i, r in enumerate(_rows(5))]
     kids = [Child("a@step_1", "id1", {"drafter.step": "1"}, None),  # failed: no rows
             Child("a@step_2", "id2", {"drafter.step": "2"}, base),
             Child("a@step_3", "id3", {"drafter.step": "3"}, better),
@@ -102,16 +118,16 @@ def test_sweep_table_pairs_every_child_with_the_first_that_finished():
     t = sweep_table(kids)
     assert [r["run"] for r in t] == ["a@step_1", "a@step_2", "a@step_3", "a@step_4"] and [r["drafter.step"] for r in t] == ["1", "2", "3", "4"]
     assert t[0]["tau"] is None and "no per-prompt rows" in t[0]["note"]
-    tau2 = sum(r["committed"] for r in base) / sum(r["steps"] for r in base)
+    tau2 = sum(r.committed for r in base) / sum(r.steps for r in base)
     assert t[1]["tau"] == pytest.approx(tau2) and t[1]["tau_se"] == pytest.approx(
-        ratio_se([r["committed"] for r in base], [r["steps"] for r in base])
+        ratio_se([r.committed for r in base], [r.steps for r in base])
     )
-    assert t[1]["delta_tau"] == 0.0 and t[1]["paired_against"] == "a@step_2"
-    col = lambda rows, k: [r[k] for r in rows]  # noqa: E731
+    assert t[1]["delta_tau"] == 0.0 and t[1]["delta_tau_z"] is None and t[1]["paired_against"] == "a@step_2"
+    col = lambda rows, k: [getattr(r, k) for r in rows]  # noqa: E731
     d, se = paired_ratio_diff(col(base, "committed"), col(base, "steps"), col(better, "committed"), col(better, "steps"))
     assert (t[2]["delta_tau"], t[2]["delta_tau_se"]) == pytest.approx((d, se)) and t[2]["delta_tau_z"] > 2
-    sub = [r for r in better if r["subset"] == "x"]
-    assert t[2]["tau/x"] == pytest.approx(sum(r["committed"] for r in sub) / sum(r["steps"] for r in sub))
+    sub = [r for r in better if r.subset == "x"]
+    assert t[2]["tau/x"] == pytest.approx(sum(r.committed for r in sub) / sum(r.steps for r in sub))
     assert t[3]["tau"] is not None and t[3]["delta_tau"] is None and "not paired" in t[3]["note"]
     assert best(t)["run"] == "a@step_3"
 
@@ -123,11 +139,11 @@ def test_sweep_artifacts_plot_against_the_swept_number():
     assert [r["run"] for r in _csv(files["sweep/children.csv"])] == ["a@step_1633", "a@step_5037"]
     assert all(_is_png(files[k]) for k in ("sweep/tau.png", "sweep/per_position.png"))
     # rows with accepted_at_pos give the cumulative acceptance; drafter choices are categories
-    with_acc = [dict(r, accepted_at_pos=[r["steps"] // 2, r["steps"] // 5, 0]) for r in _rows(7)]
-    assert position_curve(with_acc, cumulative=True)[:2] == pytest.approx(
+    with_acc = _rows(7)
+    assert position_curve(with_acc)[:2] == pytest.approx(
         [
-            sum(r["steps"] // 2 for r in with_acc) / sum(r["steps"] for r in with_acc),
-            sum(r["steps"] // 5 for r in with_acc) / sum(r["steps"] for r in with_acc),
+            sum(r.steps // 2 for r in with_acc) / sum(r.steps for r in with_acc),
+            sum(r.steps // 5 for r in with_acc) / sum(r.steps for r in with_acc),
         ]
     )
     files = sweep_artifacts(
@@ -146,7 +162,7 @@ def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
     ids = []
     for name, shift in (("a@step_1", 0.0), ("a@step_2", 0.1)):
         with tracking.Run(uri, "dflash/test", name, artifact_location=(tmp_path / "mlruns").as_uri()) as run:
-            run.log_table(_rows(8, shift), "per_prompt.json")
+            run.log_table(_dicts(8, shift), "per_prompt.json")
             ids.append(run.run_id)
     assert main(["a@step_1", "a@step_2", "--uri", uri, "--out", str(tmp_path / "out"), "--log-to", ids[1]]) == 0
     out = capsys.readouterr().out

@@ -61,7 +61,7 @@ def test_every_group_has_options():
         assert _options(group), f"conf/{group} has no yaml"
     assert {"sdpa", "eager", "flex"} <= set(_options("attention"))
     assert {"training", "hf", "init"} <= set(_options("drafter"))
-    assert {"builtin", "jsonl", "humaneval"} <= set(_options("prompts"))
+    assert {"builtin", "jsonl", "humaneval", "humaneval_complete", "gsm8k", "mt_bench"} <= set(_options("prompts"))
 
 
 def test_default_config_composes_and_resolves():

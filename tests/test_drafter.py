@@ -11,7 +11,7 @@ import torch
 from conftest import MASK_ID
 
 from dflash.models.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
-from dflash.models.target import tapped_forward
+from dflash.models.forward import tapped_forward
 
 B = 4  # block size of the tiny drafters
 

@@ -170,3 +170,18 @@ def test_bad_input_fails_clearly(tmp_path, store, case):
     after = runs(store)
     assert len(after) <= before + 1
     assert all(x.info.status == "FAILED" for x in after)  # never left RUNNING
+
+
+@pytest.mark.parametrize("args, message", [
+    (["prompts=jsonl", "prompts.path=/nope.jsonl"], "prompt file /nope.jsonl does not exist"),
+    (["prompts=gsm8k", "prompts.path=/nope/gsm8k"], "prompts.path=/nope/gsm8k does not exist"),
+    (["drafter=training", "drafter.run_dir=/nope/run"], "drafter.run_dir=/nope/run does not exist"),
+])
+def test_a_wrong_path_exits_2_before_torch_transformers_or_mlflow_load(tmp_path, args, message):
+    """The cheap checks run before the heavy imports (python -X importtime lists every module imported)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "evaluate.py"), *args, "tracking.enabled=false"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert not imported & {"torch", "transformers", "mlflow"}

@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from dflash.models.target import forward, load_target, tapped_forward
+from dflash.models.forward import forward, tapped_forward
+from dflash.models.target import load_target
 from dflash.stages import features as F
 from dflash.stages.features import DiskCache, FeatureStats, feature_key, get_features, iter_features
 from dflash.util.errors import ConfigError, TargetError

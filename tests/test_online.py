@@ -21,7 +21,8 @@ from conftest import MASK_ID
 
 from dflash.models.checkpoint import init_config, load_drafter
 from dflash.models.decode import Engine
-from dflash.models.target import Target, load_target, tapped_forward
+from dflash.models.forward import tapped_forward
+from dflash.models.target import Target, load_target
 from dflash.online.speculative import OnlineDecoder, speculative_generate
 from dflash.stages.prompts import load_prompts, render
 from dflash.stages.replay import evaluate_sequence

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from dflash.report import plots
-from dflash.stages.metrics import Counters
+from dflash.stages.metrics import Counters, position_curves
 from dflash.stages.replay import replay, teacher_forced
 
 
@@ -33,14 +33,15 @@ def counters() -> Counters:
 
 
 def test_position_rates_leave_undefined_points_out(counters):
-    r = plots.position_rates(counters)
+    r = position_curves(counters)
     last = max(k for k, n in enumerate(counters.accepted_at_pos) if n)  # the last slot any step accepted
-    assert r["cumulative"] == [n / counters.steps for n in counters.accepted_at_pos]
-    assert r["conditional"][0] == counters.accepted_at_pos[0] / counters.steps
-    assert r["conditional"][last + 1] == 0.0  # reached, never accepted: a real 0
-    assert all(v is None for v in r["conditional"][last + 2 :]) and last + 2 < 15  # never reached: 0/0, undefined
-    assert r["teacher_forced"] == [h / t for h, t in zip(counters.tf_correct, counters.tf_total)]
-    empty = plots.position_rates(Counters(block_size=4))
+    assert r["accept_rate"] == [n / counters.steps for n in counters.accepted_at_pos]
+    assert r["accept_rate_cond"][0] == counters.accepted_at_pos[0] / counters.steps
+    assert r["accept_rate_cond"][last + 1] == 0.0  # reached, never accepted: a real 0
+    assert all(v is None for v in r["accept_rate_cond"][last + 2 :]) and last + 2 < 15  # never reached: 0/0, undefined
+    assert r["accuracy"] == [h / t for h, t in zip(counters.tf_correct, counters.tf_total)]
+    empty = position_curves(Counters(block_size=4))
+    assert "nll" not in empty
     assert all(v is None for curve in empty.values() for v in curve)
 
 
@@ -57,5 +58,5 @@ def test_run_plots_are_pngs(counters):
 def test_sweep_and_compare_plots_are_pngs(counters):
     png_size(plots.tau_png(["a@step_1", "a@step_2", "failed"], [1.5, 1.7, None], [0.05, 0.06, None], x=[1, 2, 3], xlabel="drafter.step"))
     png_size(plots.tau_png(["fixed", "final_layer"], [1.79, 1.56], [0.07, 0.06]))
-    png_size(plots.curves_png({"a": plots.position_rates(counters)["cumulative"], "b": [0.4, math.nan, None] + [0.0] * 12}, "cumulative acceptance"))
+    png_size(plots.curves_png({"a": position_curves(counters)["accept_rate"], "b": [0.4, math.nan, None] + [0.0] * 12}, "cumulative acceptance"))
     png_size(plots.gaps_png([{"metric": "acceptance_length", "diff": -0.2, "se": 0.02}, {"metric": "accuracy/pos_01", "diff": 0.01, "se": 0.0}]))

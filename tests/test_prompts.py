@@ -47,7 +47,7 @@ def test_num_prompts_takes_every_subset_in_turn():
     assert load_prompts("builtin", num_prompts=12) == load_prompts("builtin", num_prompts=99) == every  # all: unchanged
     assert [p.id for p in load_prompts("builtin", num_prompts=2, subsets=["fresh"])] == ["fresh-1", "fresh-2"]
     # one subset (HumanEval): the first N, as before
-    assert [p.id for p in load_prompts("humaneval", num_prompts=3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert [p.id for p in load_prompts("humaneval_complete", num_prompts=3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
 
 
 def test_round_robin_with_uneven_subsets():
@@ -103,7 +103,7 @@ def test_missing_file(tmp_path):
         load_prompts("jsonl", path=str(tmp_path / "nope.jsonl"))
     with pytest.raises(PromptError, match="prompts.path"):
         load_prompts("jsonl")
-    with pytest.raises(PromptError, match="builtin, jsonl or humaneval"):
+    with pytest.raises(PromptError, match="builtin, jsonl, humaneval_complete"):
         load_prompts("csv")
 
 
@@ -136,13 +136,13 @@ def test_duplicate_ids(tmp_path):
 
 
 def test_humaneval_from_the_package():
-    prompts = load_prompts("humaneval")
+    prompts = load_prompts("humaneval_complete")
     assert len(prompts) == 164
     assert prompts[0].id == "HumanEval/0" and prompts[-1].id == "HumanEval/163"
     assert {p.subset for p in prompts} == {"humaneval"}
     text = prompts[0].messages[0][1]
     assert "def has_close_elements" in text and text.startswith("Complete the following Python function.")
-    assert len(load_prompts("humaneval", num_prompts=20)) == 20
+    assert len(load_prompts("humaneval_complete", num_prompts=20)) == 20
 
 
 # --- rendering -------------------------------------------------------------------------------

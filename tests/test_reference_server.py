@@ -38,6 +38,7 @@ class Fake:
         self.posts: list[dict] = []
         self.fault = lambda kind, body: None
         self.answers: dict[tuple, list[int]] = {}  # prompt -> completion, overriding honest()
+        self.spec = lambda kind, ids, comp: {}  # speculative counters merged into the answer (meta_info / the vLLM answer)
 
 
 def serve(fake: Fake):
@@ -102,7 +103,11 @@ def serve(fake: Fake):
             stop = comp[-1] == EOS
             if kind == "sglang":
                 finish = {"type": "stop", "matched": EOS} if stop else {"type": "length", "length": n}
-                ans = {"text": "...", "output_ids": comp, "meta_info": {"finish_reason": finish, "completion_tokens": len(comp)}}
+                ans = {
+                    "text": "...",
+                    "output_ids": comp,
+                    "meta_info": {"finish_reason": finish, "completion_tokens": len(comp), **fake.spec(kind, ids, comp)},
+                }
             else:
                 choice = {
                     "index": 0,
@@ -112,7 +117,7 @@ def serve(fake: Fake):
                 }
                 if body.get("return_token_ids"):
                     choice["token_ids"] = comp
-                ans = {"choices": [choice], "usage": {"completion_tokens": len(comp)}}
+                ans = {"choices": [choice], "usage": {"completion_tokens": len(comp)}, **fake.spec(kind, ids, comp)}
             self.reply(200, "application/json", json.dumps(ans).encode())
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -314,3 +319,100 @@ def test_abort_wakes_a_call_blocked_after_the_headers(fake):
     client.close()
     th.join(timeout=5)
     assert not th.is_alive() and "aborted" in str(got[0].value)  # not the 20 s read timeout
+
+
+@pytest.mark.parametrize("source", ["sglang", "openai"])
+def test_sampled_references_send_the_sampling_fields_and_key_the_cache(qwen3_target, tmp_path, fake, source):
+    kw = {"model": fake.served[0]} if source == "openai" else {}
+    refs_of(qwen3_target, tmp_path, fake, source=source, **kw)  # greedy: the request as before
+    sent = fake.posts[-1]["sampling_params"] if source == "sglang" else fake.posts[-1]
+    assert sent["temperature"] == 0.0 and "top_p" not in sent
+    _, st = refs_of(qwen3_target, tmp_path, fake, source=source, temperature=1.0, top_p=0.9, top_k=0, seed=3, **kw)
+    assert st.generated == len(PROMPTS)  # another cache entry
+    sent = fake.posts[-1]["sampling_params"] if source == "sglang" else fake.posts[-1]
+    seed = "sampling_seed" if source == "sglang" else "seed"
+    assert (sent["temperature"], sent["top_p"], sent["top_k"], sent[seed]) == (1.0, 0.9, -1, 3)
+    _, st = refs_of(qwen3_target, tmp_path, fake, source=source, temperature=1.0, top_p=0.9, top_k=0, seed=4, **kw)
+    assert st.generated == len(PROMPTS)  # another seed: another entry
+
+
+def _steps(ids, comp):  # a made-up speculative run: one verify step per 3 tokens, the first from the prefill
+    return max(1, (len(comp) - 1 + 2) // 3)
+
+
+SPELLINGS = {  # SGLang's three releases' spellings of the per-step counters, and vLLM's per-request summary
+    "sglang_histogram": lambda ids, comp: {
+        "spec_verify_ct": _steps(ids, comp),
+        "spec_accept_length": len(comp) / _steps(ids, comp),
+        "spec_accept_histogram": [0, 1, _steps(ids, comp) - 1],
+        "spec_accept_token_num": 7,
+        "spec_draft_token_num": 9,
+    },
+    "sglang_accepted_drafts": lambda ids, comp: {"spec_verify_ct": _steps(ids, comp), "spec_accepted_drafts": 5, "spec_proposed_drafts": 9},
+    "sglang_correct_drafts": lambda ids, comp: {
+        "spec_verify_ct": _steps(ids, comp),
+        "spec_num_correct_drafts": 5,
+        "spec_num_proposed_drafts": 9,
+        "spec_correct_drafts_histogram": [1, 0, _steps(ids, comp) - 1],
+    },
+    "vllm": lambda ids, comp: {
+        "metrics": {
+            "speculative_decoding": {
+                "num_spec_steps": _steps(ids, comp),
+                "mean_acceptance_length": 2.0,
+                "acceptance_histogram": [0, _steps(ids, comp)],
+                "num_accepted_draft_tokens": 3,
+                "num_draft_tokens": 9,
+                "draft_acceptance_rate": 0.3,
+            }
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_served_counters_in_every_spelling_are_kept_and_cached(qwen3_target, tmp_path, fake, spelling):
+    from dflash.stages.served import served_histogram
+
+    source = "openai" if spelling == "vllm" else "sglang"
+    fake.spec = lambda kind, ids, comp: SPELLINGS[spelling](ids, comp)
+    kw = {"model": "tiny"} if source == "openai" else {}
+    refs, st = refs_of(qwen3_target, tmp_path, fake, source=source, **kw)
+    want = {tuple(p): (len(r), _steps(p, r)) for p, r in zip(PROMPTS, refs)}
+    assert {k: (s.completion_tokens, s.verify_steps) for k, s in st.served.items()} == want
+    has_hist = spelling in ("sglang_histogram", "sglang_correct_drafts", "vllm")
+    assert bool(served_histogram(list(st.served.values()))) == has_hist
+    fake.spec = lambda kind, ids, comp: {}  # a second run reads the counters from the cache, not the server
+    n = len(fake.posts)
+    _, again = refs_of(qwen3_target, tmp_path, fake, source=source, **kw)
+    assert len(fake.posts) == n and again.hits == 3 and again.served == st.served
+
+
+def test_no_counters_no_served_tau(qwen3_target, tmp_path, fake):
+    _, st = refs_of(qwen3_target, tmp_path, fake)  # the fake's plain answer: completion_tokens only, no speculation
+    assert st.served == {}
+
+
+def test_the_served_tau_is_pooled_over_prompts_beside_the_offline_one(qwen3_dir, tmp_path, fake):
+    from dflash import pipeline
+    from dflash.config.schema import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
+    from dflash.report.console import summary
+
+    fake.spec = lambda kind, ids, comp: SPELLINGS["sglang_correct_drafts"](ids, comp)
+    cfg = EvalConfig(
+        target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250),
+        drafter=DrafterSchema(kind="init", num_taps=2),
+        prompts=PromptsConfig(source="builtin", num_prompts=3, max_new_tokens=8),
+        references=ReferencesConfig(source="sglang", url=fake.url),
+        cache_dir=str(tmp_path),
+        num_samples=0,
+    )
+    res = pipeline.run(cfg)
+    m = res.metrics
+    ct = [len(r.reference) for r in res.prompts]
+    vs = [_steps(r.prompt_ids, r.reference) for r in res.prompts]
+    assert m["served/acceptance_length"] == sum(ct) / sum(vs) and m["served/prompts"] == 3
+    assert m["served/acceptance_length_macro"] == pytest.approx(sum(a / b for a, b in zip(ct, vs)) / 3)
+    offline = sum(r.counters.new_tokens for r in res.prompts) / sum(r.counters.steps for r in res.prompts)
+    assert m["served/offline_like"] == offline and m["served/gap"] == pytest.approx(offline - sum(ct) / sum(vs))
+    assert m["served/gap_se"] is not None and "served τ (the server's own counters, 3 prompts)" in summary(res)

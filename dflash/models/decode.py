@@ -42,7 +42,9 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from dflash.models.target import Target, _cache_kwarg, tap
+from dflash.models.forward import _cache_kwarg, tap
+from dflash.models.sampling import Sampling, pick, row_keys
+from dflash.models.target import Target
 from dflash.util.errors import TargetError
 from dflash.util.progress import Progress, log
 
@@ -165,7 +167,8 @@ class Engine:
         return self.head(h).argmax(-1)
 
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], pad: int = 0, chunk: int = 512) -> tuple[Tensor, Tensor | None]:
+    def prefill(self, prompts: list[list[int]], pad: int = 0, chunk: int = 512,
+                choose: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         """Left-pad the prompts (rows beyond them: one pad token) to P and write positions 0..P-1.
         -> greedy next token [batch], taps [batch, P, n*H] (None without taps)."""
         if not 0 < len(prompts) <= self.batch:
@@ -189,7 +192,8 @@ class Engine:
             h, t = self.forward(ids[:, c0:c1], self.positions[c0:c1], view=c1)
             taps.append(t)
         self.length = P
-        return self.greedy(h[:, -1]), (torch.cat(taps, dim=1) if self.taps else None)
+        first = self.greedy(h[:, -1]) if choose is None else choose(self.head(h[:, -1]))  # choose: logits [batch, V] -> tokens
+        return first, (torch.cat(taps, dim=1) if self.taps else None)
 
     # -- rollback of recurrent state --
 
@@ -270,8 +274,9 @@ class Generator:
     looks at `done` every `period` steps."""
 
     def __init__(self, target: Target, batch: int, max_prompt: int, max_new_tokens: int, eos_ids: Sequence[int] | None = None,
-                 graphs: bool | None = None, compile: bool = False, period: int = 8):
+                 graphs: bool | None = None, compile: bool = False, period: int = 8, sampling: Sampling = Sampling()):
         self.max_new = max_new_tokens
+        self.sampling = sampling  # temperature 0: argmax; else position-keyed Gumbel-max (sampling.py)
         self.eng = eng = Engine(target, batch, _round_up(max_prompt + max_new_tokens, 64), graphs=graphs, compile=compile)
         dev = eng.device
         self.period = period if eng.graphs else 1
@@ -281,11 +286,14 @@ class Generator:
         self.t = torch.zeros(1, dtype=torch.long, device=dev)  # [1] its index in hist
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)  # [b]
         self.hist = torch.full((batch, max(max_new_tokens, 8)), -1, dtype=torch.long, device=dev)  # [b, new] -1: nothing
+        self.keys = torch.zeros(batch, dtype=torch.long, device=dev)  # [b] row's noise key (seed, prompt)
+        self.at = torch.zeros(batch, dtype=torch.long, device=dev)  # [b] absolute position of the next token
         self.step = eng.capture(self._step, "step")
 
     def _step(self) -> None:
         h, _ = self.eng.forward(self.ids, self.write)  # [b, 1, H]
-        nxt = self.eng.greedy(h[:, -1])  # [b]
+        nxt = self.eng.greedy(h[:, -1]) if self.sampling.greedy else pick(self.eng.head(h[:, -1]), self.sampling, self.keys, self.at)  # [b]
+        self.at += 1
         self.hist.index_copy_(1, self.t, torch.where(self.done, -1, nxt)[:, None])
         self.done |= torch.isin(nxt, self.eos)
         self.ids.copy_(torch.where(self.done, 0, nxt)[:, None])
@@ -297,7 +305,11 @@ class Generator:
         """Greedy completions of len(prompts) <= batch prompts (EOS included when reached)."""
         if max(map(len, prompts)) + self.max_new > self.eng.max_len:
             raise ValueError(f"a {max(map(len, prompts))}-token prompt + {self.max_new} new tokens exceed the engine's {self.eng.max_len} positions")
-        first, _ = self.eng.prefill(prompts)
+        rows = list(prompts) + [[0]] * (self.eng.batch - len(prompts))
+        self.keys.copy_(row_keys(rows, self.sampling.seed, self.keys.device))
+        self.at.copy_(torch.tensor([len(r) for r in rows]))
+        first, _ = self.eng.prefill(prompts, choose=None if self.sampling.greedy else lambda z: pick(z, self.sampling, self.keys, self.at))
+        self.at += 1
         P = self.eng.length
         real = torch.arange(self.eng.batch, device=first.device) < len(prompts)
         self.done.copy_(~real)
@@ -350,13 +362,18 @@ def generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batc
     b = min(batch_size, len(prompts))
     gen = generator or Generator(target, b, max(len(p) for p in prompts), max_new_tokens, eos_ids, graphs, compile)
     b = gen.eng.batch
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), b, max_new_tokens,
              "CUDA graphs" + (" (compiled)" if gen.eng.compile else "") if gen.eng.graphs else "eager")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:
-        for b0 in range(0, len(order), b):
-            rows = order[b0 : b0 + b]
+        for rows in length_batches(prompts, b):
             for i, comp in zip(rows, gen([prompts[i] for i in rows])):
                 out[i] = comp
             bar.update(len(rows))
     return out
+
+
+def length_batches(prompts: list[list[int]], batch: int) -> list[list[int]]:
+    """Indices of the prompts in batches of `batch`, by length (shortest first): little padding per batch.
+    The one batching rule of local generation (references, the engine, the speed benchmarks)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[b0 : b0 + batch] for b0 in range(0, len(order), batch)]

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, rotary_parameters
+from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids
+from dflash.models.rope import rotary_parameters
 from dflash.util.errors import CheckpointError
 
 __all__ = ["DFlashDrafter", "DrafterConfig", "SLIDING_WINDOW", "build_target_layer_ids", "visibility_mask", "flex_block_mask", "mask_mod"]
@@ -60,7 +61,7 @@ class RMSNorm(nn.Module):
 
 class Rotary:
     """cos/sin of absolute positions from transformers' own rope initialisation for this config
-    (`drafter_config.rotary_parameters`: inv_freq and attention scaling of every rope type), times
+    (`rope.rotary_parameters`: inv_freq and attention scaling of every rope type), times
     positions elementwise in float32 as transformers 5.24's Qwen3RotaryEmbedding does. Not a
     module: moving the drafter to bfloat16 must not round inv_freq."""
 

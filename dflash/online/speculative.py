@@ -28,6 +28,7 @@ import torch
 
 from dflash.models.decode import Engine
 from dflash.models.drafter import DFlashDrafter
+from dflash.models.sampling import Sampling, pick, prompt_key
 from dflash.models.target import Target
 from dflash.stages.metrics import Counters
 from dflash.stages.replay import Block
@@ -46,7 +47,8 @@ class OnlineDecoder:
     (prompt + new tokens); draft and verify captured once."""
 
     def __init__(
-        self, target: Target, drafter: DFlashDrafter, max_len: int, backend: str = "sdpa", graphs: bool | None = None, compile: bool = False
+        self, target: Target, drafter: DFlashDrafter, max_len: int, backend: str = "sdpa", graphs: bool | None = None, compile: bool = False,
+        sampling: Sampling = Sampling(),
     ):
         cfg = drafter.cfg
         self.target, self.drafter, self.backend, self.B = target, drafter, backend, cfg.block_size
@@ -58,6 +60,8 @@ class OnlineDecoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # [1] anchor position
         self.masks = torch.full((B - 1,), cfg.mask_token_id, dtype=torch.long, device=dev)
         self.slots = torch.arange(B, device=dev)
+        self.sampling = sampling  # T > 0: z-lab's rule; the target samples each verified slot (position-keyed, as the references)
+        self.key = torch.zeros(B, dtype=torch.long, device=dev)  # [B] the prompt's noise key, one per slot
         self.out = torch.zeros(2 * B - 1, dtype=torch.long, device=dev)  # [draft (B-1) | target's choices (B)]
         self.eos = set(target.eos_ids)
         self.draft = eng.capture(self._draft, "draft")
@@ -75,7 +79,10 @@ class OnlineDecoder:
         ids = torch.cat([self.anchor, self.out[: self.B - 1]])[None]  # [1, B]
         self.eng.save_state()
         h, taps = self.eng.forward(ids, write)  # [1, B, H], [1, B, n*H]
-        self.out[self.B - 1 :] = self.eng.greedy(h[0])
+        if self.sampling.greedy:
+            self.out[self.B - 1 :] = self.eng.greedy(h[0])
+        else:  # slot i predicts the token at absolute position p + 1 + i
+            self.out[self.B - 1 :] = pick(self.eng.head(h[0]), self.sampling, self.key, self.pos + 1 + self.slots)
         self.feats.index_copy_(1, write.to(self.feats.device), taps.to(self.feats.device, self.feats.dtype))
 
     @torch.no_grad()
@@ -86,7 +93,9 @@ class OnlineDecoder:
         sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
-        first, taps = eng.prefill([prompt])
+        self.key.fill_(prompt_key(prompt, self.sampling.seed))
+        first, taps = eng.prefill([prompt], choose=None if self.sampling.greedy else
+                                  lambda z: pick(z, self.sampling, self.key[:1], torch.tensor([len(prompt)], device=z.device)))
         P = len(prompt)
         self.feats[:, :P] = taps.to(self.feats.device, self.feats.dtype)
         gen = [int(first[0])]
@@ -137,7 +146,7 @@ class OnlineDecoder:
 
 
 def speculative_generate(target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, backend: str = "sdpa",
-                         graphs: bool | None = None, compile: bool = False) -> SpecOutput:
+                         graphs: bool | None = None, compile: bool = False, sampling: Sampling = Sampling()) -> SpecOutput:
     """One prompt through a fresh OnlineDecoder (several prompts: build one and call .generate)."""
-    dec = OnlineDecoder(target, drafter, len(prompt) + max_new_tokens, backend, graphs, compile)
+    dec = OnlineDecoder(target, drafter, len(prompt) + max_new_tokens, backend, graphs, compile, sampling)
     return dec.generate(prompt, max_new_tokens)

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.models.decode import Generator
+from dflash.models.decode import Generator, length_batches
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.target import Target
 from dflash.online.speculative import OnlineDecoder
@@ -102,19 +102,13 @@ def _cut(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def _batches(prompts: list[list[int]], batch: int) -> list[list[int]]:
-    """Index lists of similar prompt lengths, as decode.generate groups them."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    return [order[i : i + batch] for i in range(0, len(order), batch)]
-
-
 @torch.no_grad()
 def hf_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batch: int, static: bool) -> list[list[int]]:
     """transformers' greedy `generate` over left-padded batches (longest batch first, so a static
     cache sized once serves them all)."""
     eos, dev = target.eos_ids, target.device
     out: list[list[int]] = [[] for _ in prompts]
-    for rows in reversed(_batches(prompts, batch)):
+    for rows in reversed(length_batches(prompts, batch)):
         P = max(len(prompts[i]) for i in rows)
         ids = torch.zeros(len(rows), P, dtype=torch.long)
         mask = torch.zeros(len(rows), P, dtype=torch.long)
@@ -133,7 +127,7 @@ def hf_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, b
 
 def _engine_generate(gen: Generator, prompts: list[list[int]]) -> list[list[int]]:
     out: list[list[int]] = [[] for _ in prompts]
-    for rows in _batches(prompts, gen.eng.batch):
+    for rows in length_batches(prompts, gen.eng.batch):
         for i, comp in zip(rows, gen([prompts[i] for i in rows])):
             out[i] = comp
     return out

@@ -1,11 +1,14 @@
 """Two runs paired prompt by prompt: is B better or worse than A?
 
-`align` pairs the per-prompt rows of two evaluation runs by prompt id and refuses runs over other
-prompts or other references; `compare` gives the gap in τ (overall and per subset), in teacher-forced
-accuracy at slots 1-3 and (both run with scores=true) in the reference token's NLL, each with its
-paired SE (metrics.paired_ratio_diff); `render` prints it, `compare_artifacts` writes it as CSV and a
-plot of the gaps. Plain functions over the rows `per_prompt.json` holds; no MLflow here (the CLI,
-dflash/compare.py, reads the runs through dflash.tracking).
+`align` pairs the per-prompt rows (`dflash.stages.metrics.PromptRow`; `rows_of` reads them from
+per_prompt.json's dicts) of two evaluation runs by prompt id and refuses what differs, naming the
+prompts: other prompts, prompts rendered to other ids or other references (each row's digests of its
+prompt and reference ids), another target or dtype (`RunIdentity`, from the runs' tags). `compare`
+gives the gap in τ (overall and per subset), in teacher-forced accuracy at slots 1-3 and (both run
+with scores=true) in the reference token's NLL, each with its paired SE (metrics.paired_ratio_diff;
+what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
+and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/compare.py,
+reads the runs through dflash.tracking).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import csv
 import io
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from dflash.stages.metrics import paired_ratio_diff
+from dflash.stages.metrics import PromptRow, paired_ratio_diff
 from dflash.util.errors import UserError
 
 
@@ -23,50 +27,93 @@ class CompareError(UserError):
     pass
 
 
-def align(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Pair the rows by prompt id; refuse other prompt sets or references (new_tokens differ)."""
-    a, b = {r["id"]: r for r in rows_a}, {r["id"]: r for r in rows_b}
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a run's references and features depend on beyond its rows: the target's identity and dtype
+    (the run's tags `target_identity`, `dtype`); None where a run did not say."""
+
+    target: Optional[str] = None
+    dtype: Optional[str] = None
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> "RunIdentity":
+        return cls(tags.get("target_identity"), tags.get("dtype"))
+
+
+Pair = tuple[PromptRow, PromptRow]
+
+
+def rows_of(dicts: list[dict[str, Any]]) -> list[PromptRow]:
+    """A run's per_prompt.json rows as typed rows; refused (evaluate it again) when an older dflash-eval logged them."""
+    try:
+        return [PromptRow.from_dict(d) for d in dicts]
+    except KeyError as e:
+        raise CompareError(f"a run was logged by an older dflash-eval (its per-prompt rows have no {e.args[0]!r}): evaluate it again") from None
+
+
+def _listed(ids: list[str], n: int = 5) -> str:
+    return ", ".join(ids[:n]) + (", ..." if len(ids) > n else "")
+
+
+def align(rows_a: list[PromptRow], rows_b: list[PromptRow], run_a: RunIdentity | None = None, run_b: RunIdentity | None = None) -> list[Pair]:
+    """Pair the rows by prompt id; refuse other prompt sets, prompts rendered otherwise, other references
+    (the rows' digests differ), another target or dtype (the runs' identities differ), naming the prompts."""
+    a, b = {r.id: r for r in rows_a}, {r.id: r for r in rows_b}
     if a.keys() != b.keys():
         raise CompareError(f"the runs replayed different prompts ({len(a.keys() - b.keys())} only in A, {len(b.keys() - a.keys())} only in B): "
                            "evaluate both with the same prompts=... and prompts.num_prompts, or pass run ids")
-    diff = [i for i in a if a[i]["new_tokens"] != b[i]["new_tokens"]]
-    if diff:
-        raise CompareError(f"{len(diff)} prompts have references of other lengths (e.g. {diff[0]!r}): the runs used other references "
-                           "(another target, dtype or max_new_tokens); compare runs of one target setting")
-    for r in (*rows_a, *rows_b):
-        if "committed" not in r or "tf_correct" not in r:
-            raise CompareError("a run was logged by an older dflash-eval (no per-prompt counters): evaluate it again")
+    ra, rb = run_a or RunIdentity(), run_b or RunIdentity()
+    for what in ("target", "dtype"):
+        x, y = getattr(ra, what), getattr(rb, what)
+        if x is not None and y is not None and x != y:
+            raise CompareError(f"the runs used another {what} (A: {x}, B: {y}): their gap mixes drafter and {what}; "
+                               "compare runs of one target setting")
+    prompts = [i for i in a if a[i].prompt_digest != b[i].prompt_digest]
+    if prompts:
+        raise CompareError(f"{len(prompts)} prompts were rendered to other token ids: {_listed(prompts)}; the runs used another chat template, "
+                           "system prompt, thinking mode or tokenizer; compare runs of one prompt setting")
+    refs = [i for i in a if a[i].reference_digest != b[i].reference_digest]
+    if refs:
+        raise CompareError(f"{len(refs)} prompts have other references: {_listed(refs)}; the runs used another target, dtype, server or sampling "
+                           "(or prompts.max_new_tokens); compare runs of one reference setting")
     return [(a[i], b[i]) for i in a]
 
 
-def compare(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
-    """-> rows {metric, a, b, diff, se, z}: τ overall and per subset, tf accuracy at slots 1-3, NLL."""
-    def row(name: str, pp: list, num, den) -> dict[str, Any]:
-        na, da = [num(x) for x, _ in pp], [den(x) for x, _ in pp]
-        nb, db = [num(y) for _, y in pp], [den(y) for _, y in pp]
-        d, se = paired_ratio_diff(na, da, nb, db)
-        a = sum(na) / sum(da) if sum(da) else 0.0
-        return {"metric": name, "a": a, "b": a + d, "diff": d, "se": se, "z": d / se if se else 0.0}
+def _row(name: str, pairs: list[Pair], num: Callable[[PromptRow], float], den: Callable[[PromptRow], float]) -> dict[str, Any]:
+    """One metric's paired gap; None where undefined (no step on a side; an SE under 2 prompts; z over an SE of 0)."""
+    na, da = [num(x) for x, _ in pairs], [den(x) for x, _ in pairs]
+    nb, db = [num(y) for _, y in pairs], [den(y) for _, y in pairs]
+    d, se = paired_ratio_diff(na, da, nb, db)
+    a = sum(na) / sum(da) if sum(da) else None
+    b = sum(nb) / sum(db) if sum(db) else None
+    return {"metric": name, "a": a, "b": b, "diff": d, "se": se, "z": d / se if d is not None and se else None}
 
-    out = [row("acceptance_length", pairs, lambda r: r["committed"], lambda r: r["steps"])]
-    subsets = sorted({x["subset"] for x, _ in pairs})
+
+def compare(pairs: list[Pair]) -> list[dict[str, Any]]:
+    """-> rows {metric, a, b, diff, se, z}: τ overall and per subset, tf accuracy at slots 1-3, NLL."""
+    out = [_row("acceptance_length", pairs, lambda r: r.committed, lambda r: r.steps)]
+    subsets = sorted({x.subset for x, _ in pairs})
     if len(subsets) > 1:
-        out += [
-            row(f"acceptance_length/{s}", [p for p in pairs if p[0]["subset"] == s], lambda r: r["committed"], lambda r: r["steps"]) for s in subsets
-        ]
-    for k in range(3):
-        out.append(row(f"accuracy/pos_{k + 1:02d}", pairs, lambda r, k=k: r["tf_correct"][k], lambda r, k=k: r["tf_total"][k]))
-    if all(x.get("tf_nll") is not None and y.get("tf_nll") is not None for x, y in pairs):  # both ran with scores=true
-        out.append(row("nll_mean", pairs, lambda r: r["tf_nll"], lambda r: sum(r["tf_total"])))
+        out += [_row(f"acceptance_length/{s}", [p for p in pairs if p[0].subset == s], lambda r: r.committed, lambda r: r.steps) for s in subsets]
+    for k in range(min(3, len(pairs[0][0].tf_total) if pairs else 0)):
+        out.append(_row(f"accuracy/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_correct[k], lambda r, k=k: r.tf_total[k]))
+    if pairs and all(x.tf_nll is not None and y.tf_nll is not None for x, y in pairs):  # both ran with scores=true
+        out.append(_row("nll_mean", pairs, lambda r: r.tf_nll, lambda r: sum(r.tf_total)))
     return out
+
+
+def _f(x: float | None, spec: str, width: int) -> str:
+    return f"{'-' if x is None else format(x, spec):>{width}}"
 
 
 def render(name_a: str, name_b: str, n: int, rows: list[dict[str, Any]]) -> str:
     lines = [f"A = {name_a}   B = {name_b}   {n} prompts, paired by prompt", f"{'metric':<28}{'A':>8}{'B':>8}{'B-A':>9}{'± SE':>8}{'z':>7}"]
     for r in rows:
-        verdict = "" if abs(r["z"]) < 2 else ("  B higher" if r["diff"] > 0 else "  B lower")
-        lines.append(f"{r['metric']:<28}{r['a']:>8.3f}{r['b']:>8.3f}{r['diff']:>+9.3f}{r['se']:>8.3f}{r['z']:>+7.1f}{verdict}")
-    lines.append("|z| >= 2: a measurable gap (lower NLL is better; higher τ and accuracy are better)")
+        verdict = "" if r["z"] is None or abs(r["z"]) < 2 else ("  B higher" if r["diff"] > 0 else "  B lower")
+        lines.append(f"{r['metric']:<28}{_f(r['a'], '.3f', 8)}{_f(r['b'], '.3f', 8)}{_f(r['diff'], '+.3f', 9)}{_f(r['se'], '.3f', 8)}"
+                     f"{_f(r['z'], '+.1f', 7)}{verdict}")
+    lines.append("|z| >= 2: a measurable gap (lower NLL is better; higher τ and accuracy are better); -: undefined (no verify step, "
+                 "an SE over fewer than 2 prompts, z over an SE of 0)")
     return "\n".join(lines)
 
 

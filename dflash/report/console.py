@@ -30,6 +30,12 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
     if subsets:
         lines.append("τ per subset: " + "   ".join(f"{s} {fmt(m[f'acceptance_length/{s}'])}" for s in subsets))
+    if g("served/prompts"):
+        lines.append(
+            f"served τ (the server's own counters, {int(m['served/prompts'])} prompts): {fmt(g('served/acceptance_length'))} pooled, "
+            f"{fmt(g('served/acceptance_length_macro'))} macro;   offline, counted as the server counts (prefill token included): "
+            f"{fmt(g('served/offline_like'))};   offline - served {fmt(g('served/gap'), '+.3f')} ± {fmt(g('served/gap_se'))} (paired SE)"
+        )
     if "leak_probe/acceptance_length" in m:
         lines.append(
             f"leak probe: τ with the anchor's own feature visible {fmt(g('leak_probe/acceptance_length'))} "
@@ -49,7 +55,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     ref = info.references
     lines.append(
         f"{int(m['prompts'])} prompts, {int(m['new_tokens'])} new tokens, {int(m['steps'])} verify steps; references: "
-        f"{ref.hits} cached, {ref.generated} generated"
+        f"{ref.hits} cached, {ref.generated} generated; {ref.convention}"
     )
     if info.linear_attention_kernel or ref.engine:
         lines.append("; ".join(filter(None, [f"linear attention: {info.linear_attention_kernel}" if info.linear_attention_kernel else None,
@@ -100,18 +106,19 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
 def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[str], status: str, reason: str = "") -> str:
     """A sweep parent's description: one row per child (dflash.compare.sweep_table), the failed jobs."""
     swept = [k for k in (table[0] if table else {}) if k not in {"run", "tau", "tau_se", "prompts", "delta_tau", "delta_tau_se", "delta_tau_z",
-                                                             "paired_against", "note", "run_id"} and not k.startswith("tau/")]
+                                                             "paired_against", "note", "run_id", "dataset", "published_tau"}
+             and not k.startswith("tau/")]
     base = next((r["paired_against"] for r in table if r.get("paired_against")), None)
     lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
     if table:
-        lines += [f"| run | {' | '.join(swept)} | τ ± SE | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
-                  "| --- |" + " --- |" * (len(swept) + 2)]
+        lines += [f"| run | {' | '.join(swept)} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
+                  "| --- |" + " --- |" * (len(swept) + 3)]
         first = next((i for i, r in enumerate(table) if r["tau"] is not None), None)  # what the others are paired against
         for i, r in enumerate(table):
             vals = "".join(f" {r.get(k, '')} |" for k in swept)
             delta = "baseline" if i == first else "-" if r["delta_tau"] is None else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}"
             tau = "- (no result)" if r["tau"] is None else f"{fmt(r['tau'])} ± {fmt(r['tau_se'])}"
-            lines.append(f"| {r['run']} |{vals} {tau} | {delta} |")
+            lines.append(f"| {r['run']} |{vals} {tau} | {fmt(r.get('published_tau'))} | {delta} |")
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
     if table:

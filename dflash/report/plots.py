@@ -13,7 +13,8 @@ One run (`dflash.stages.metrics.Counters` summed over prompts):
 - `run_plots`: both, by artifact path (`plots/per_position.png`, `plots/commit_hist.png`).
 
 Several runs (a sweep's children, two compared runs):
-- `tau_png`: τ ± SE per run, against the swept value where it is one number per run.
+- `tau_png` (`tau_figure`): τ ± SE per run, against the swept value where it is one number per run;
+  an undefined τ is a gap.
 - `curves_png`: one per-position curve per run, overlaid.
 - `gaps_png`: paired gaps B − A with ±2 SE bars (dflash.compare's rows).
 """
@@ -29,23 +30,9 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402  (after the backend is chosen)
 
-from dflash.stages.metrics import Counters, acceptance_length  # noqa: E402
+from dflash.stages.metrics import Counters, acceptance_length, position_curves  # noqa: E402
 
 Curve = Sequence[float | None]  # index k-1 for slot k; None (or NaN) where undefined
-
-
-def rates(num: Sequence[float], den: Sequence[float]) -> list[float | None]:
-    """num[i] / den[i], None where den[i] is 0 (undefined, not 0)."""
-    return [n / d if d else None for n, d in zip(num, den)]
-
-
-def position_rates(c: Counters) -> dict[str, list[float | None]]:
-    """The three per-slot curves of a run, None where undefined."""
-    return {
-        "cumulative": rates(c.accepted_at_pos, [c.steps] * len(c.accepted_at_pos)),
-        "conditional": rates(c.accepted_at_pos, [c.steps] + c.accepted_at_pos[:-1]),
-        "teacher_forced": rates(c.tf_correct, c.tf_total),
-    }
 
 
 def _png(fig: Figure) -> bytes:
@@ -67,19 +54,19 @@ def _slots_axis(ax, n: int, ylabel: str) -> None:
 
 
 def position_curves_png(c: Counters, title: str = "") -> bytes:
-    r = position_rates(c)
+    r = position_curves(c)
     k = list(range(1, c.block_size))
     fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
-    ax.plot(k, _y(r["cumulative"]), "o-", label="cumulative acceptance: steps with slot k accepted / steps")
-    ax.plot(k, _y(r["conditional"]), "s--", label="conditional acceptance: accepted at k / accepted at k−1")
-    ax.plot(k, _y(r["teacher_forced"]), "^:", label="teacher-forced accuracy: slot k right, any prefix (every anchor)")
+    ax.plot(k, _y(r["accept_rate"]), "o-", label="cumulative acceptance: steps with slot k accepted / steps")
+    ax.plot(k, _y(r["accept_rate_cond"]), "s--", label="conditional acceptance: accepted at k / accepted at k−1")
+    ax.plot(k, _y(r["accuracy"]), "^:", label="teacher-forced accuracy: slot k right, any prefix (every anchor)")
     _slots_axis(ax, len(k), "rate")
     ax.legend(fontsize=8, loc="upper right")
     tau = acceptance_length(c)  # None: no verify step (undefined)
     ax.set_title(f"{title + ': ' if title else ''}per-position acceptance, τ = {'-' if tau is None else f'{tau:.3f}'} (bonus included), "
                  f"{c.steps} verify steps", fontsize=10)
-    if any(v is None for v in r["conditional"]):
+    if any(v is None for v in r["accept_rate_cond"]):
         fig.text(0.01, -0.02, "gaps: 0/0, no step reached that slot (undefined, not 0)", fontsize=8)
     return _png(fig)
 
@@ -107,27 +94,32 @@ def run_plots(c: Counters, title: str = "") -> dict[str, bytes]:
     return {"plots/per_position.png": position_curves_png(c, title), "plots/commit_hist.png": commit_hist_png(c, title)}
 
 
-def tau_png(labels: Sequence[str], taus: Sequence[float | None], ses: Sequence[float | None],
-            x: Sequence[float] | None = None, xlabel: str = "run", title: str = "") -> bytes:
-    """τ ± SE per run; at `x` (the swept value) when given, else one slot per label."""
+def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequence[float | None],
+               x: Sequence[float] | None = None, xlabel: str = "run", title: str = "") -> Figure:
+    """τ ± SE per run; at `x` (the swept value) when given, else one slot per label. An undefined τ is
+    a gap (the line breaks there), an undefined SE no bar."""
     fig = Figure(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
     ax = fig.add_subplot()
     xs = list(x) if x is not None else list(range(len(labels)))
-    keep = [i for i, t in enumerate(taus) if t is not None]
-    ax.errorbar([xs[i] for i in keep], [taus[i] for i in keep], yerr=[ses[i] or 0.0 for i in keep],
-                fmt="o-" if x is not None else "o", capsize=4, label="τ ± SE over prompts")
+    ax.errorbar(xs, _y(taus), yerr=_y(ses), fmt="o-" if x is not None else "o", capsize=4, label="τ ± SE over prompts")
     if x is None:
         ax.set_xticks(xs, list(labels), rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center", fontsize=8)
     else:
-        for i in keep:
-            ax.annotate(labels[i], (xs[i], taus[i]), textcoords="offset points", xytext=(4, 6), fontsize=7)
+        for i, t in enumerate(taus):
+            if t is not None:
+                ax.annotate(labels[i], (xs[i], t), textcoords="offset points", xytext=(4, 6), fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="1 = plain decoding")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("τ: tokens per verify step (bonus included)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "acceptance length τ per run", fontsize=10)
-    return _png(fig)
+    return fig
+
+
+def tau_png(*args, **kw) -> bytes:
+    """`tau_figure` as PNG bytes."""
+    return _png(tau_figure(*args, **kw))
 
 
 def curves_png(curves: dict[str, Curve], ylabel: str, title: str = "") -> bytes:
@@ -144,13 +136,15 @@ def curves_png(curves: dict[str, Curve], ylabel: str, title: str = "") -> bytes:
 
 
 def gaps_png(rows: Sequence[dict], title: str = "") -> bytes:
-    """Paired gaps B − A (dflash.compare rows: metric, diff, se), ±2 SE bars; 0 = no difference."""
+    """Paired gaps B − A (dflash.compare rows: metric, diff, se), ±2 SE bars; 0 = no difference. An
+    undefined gap (None) is left out of the plot, an undefined SE draws no bar."""
     fig = Figure(figsize=(7.5, 0.45 * len(rows) + 1.6))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]
-    ax.errorbar([r["diff"] for r in rows], y, xerr=[2 * r["se"] for r in rows], fmt="o", capsize=4, label="B − A ± 2 SE (paired by prompt)")
+    ax.errorbar(_y([r["diff"] for r in rows]), y, xerr=_y([None if r["se"] is None else 2 * r["se"] for r in rows]), fmt="o", capsize=4,
+                label="B − A ± 2 SE (paired by prompt)")
     ax.axvline(0.0, color="grey", lw=0.8)
-    ax.set_yticks(y, [r["metric"] for r in rows], fontsize=8)
+    ax.set_yticks(y, [r["metric"] + (" (undefined)" if r["diff"] is None else "") for r in rows], fontsize=8)
     ax.set_xlabel("B − A (higher τ and accuracy are better; lower NLL is better)")
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.grid(axis="x", alpha=0.3)

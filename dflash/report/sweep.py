@@ -1,18 +1,25 @@
 """A `-m` sweep's comparison: one row per child, and the parent's files.
 
+`Child.read` types what the store holds of a child (its per-prompt rows as `PromptRow`s, its target
+and dtype as a `RunIdentity`; rows an older dflash-eval logged are refused with a note);
 `sweep_table(children)`: per child the swept values, τ ± SE, τ per subset, and the paired Δτ and its
-SE against the first child that finished; `sweep_artifacts(children)`: that table as CSV, τ against
-the swept value, the children's per-position curves overlaid. From the per-prompt rows each child
-logged; dflash/entry.py reads them through dflash.tracking and hands the files to the sweep parent.
+SE against the first child that finished, paired only where `compare.align` pairs them (else a note
+naming the prompts that differ), the data set (prompts.source) and z-lab's published τ beside it
+(dflash/data/published_tau.json) where the drafter is a public one; `sweep_artifacts(children)`: that
+table as CSV, τ against the swept value, the children's per-position curves overlaid. Undefined (no
+verify step; an SE over one prompt) stays None: an empty cell, a gap in a plot, never the best child.
+dflash/entry.py reads the children through dflash.tracking and hands the files to the sweep parent.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from dflash.report.compare import CompareError, align, compare, table_csv
-from dflash.stages.metrics import ratio_se
+from dflash.report.compare import CompareError, RunIdentity, align, compare, rows_of, table_csv
+from dflash.stages.metrics import PromptRow, Rate, acceptance_length, position_curves, ratio_se, row_counters
 
 
 @dataclass
@@ -20,8 +27,20 @@ class Child:
     name: str  # run name
     run_id: str
     values: dict[str, str]  # the swept values, e.g. {"drafter.step": "1633"} (see swept_values)
-    rows: list[dict[str, Any]] | None  # per-prompt rows (tracking.load_per_prompt); None: it logged none (failed)
+    rows: list[PromptRow] | None  # per-prompt rows; None: it logged none (failed) or they were refused (`note`)
     params: dict[str, str] = field(default_factory=dict)  # the child run's MLflow params (e.g. drafter.name, prompts.source)
+    identity: RunIdentity = field(default_factory=RunIdentity)  # its target and dtype
+    note: str = ""  # why its rows were refused
+
+    @classmethod
+    def read(cls, name: str, run_id: str, values: dict[str, str], rows: list[dict[str, Any]] | None, params: dict[str, str],
+             tags: dict[str, str]) -> "Child":
+        """A child from what the store holds (per_prompt.json's dicts, its params and tags)."""
+        try:
+            typed, note = (rows_of(rows) if rows is not None else None), ""
+        except CompareError as e:
+            typed, note = None, str(e)
+        return cls(name, run_id, values, typed, params, RunIdentity.from_tags(tags), note)
 
 
 def swept_values(overrides: list[list[str]]) -> list[dict[str, str]]:
@@ -32,35 +51,49 @@ def swept_values(overrides: list[list[str]]) -> list[dict[str, str]]:
     return [{k: p.get(k, "") for k in swept} for p in parsed]
 
 
-def _tau(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    num, den = [r["committed"] for r in rows], [r["steps"] for r in rows]
-    return (sum(num) / sum(den) if sum(den) else 0.0), ratio_se(num, den)
+def _tau(rows: list[PromptRow]) -> tuple[Rate, Rate]:
+    """τ and its SE over the rows; None where undefined (no verify step; fewer than 2 prompts)."""
+    return acceptance_length(row_counters(rows)), ratio_se([r.committed for r in rows], [r.steps for r in rows])
+
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "published_tau.json"
+
+
+def published_tau(params: dict[str, str]) -> float | None:
+    """z-lab's published τ for a child's drafter (drafter.name or the path's last part), data set
+    (prompts.source) and temperature (references.temperature, default 0.0); None where none is published."""
+    tau = json.loads(PUBLISHED.read_text())["tau"]
+    names = [params.get("drafter.name") or "", Path(params.get("drafter.path") or "").name]
+    drafter = next((n for n in names if n in tau), None)
+    temp = str(float(params.get("references.temperature") or 0.0))
+    return tau[drafter].get(temp, {}).get(params.get("prompts.source", "")) if drafter else None
 
 
 def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
     """One row per child: run, its swept values, τ ± SE, τ per subset, and Δτ ± paired SE against the
-    first child that has rows (`paired_against`); None where a child has no rows or other prompts."""
+    first child that has rows (`paired_against`); None where a child has no rows or does not pair."""
     done = [c for c in children if c.rows]
     base = done[0] if done else None
-    subsets = sorted({r["subset"] for c in done for r in c.rows or []})
+    subsets = sorted({r.subset for c in done for r in c.rows or []})
     out = []
     for c in children:
         row: dict[str, Any] = {"run": c.name, **c.values}
         tau, se = _tau(c.rows) if c.rows else (None, None)
-        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None)
+        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None, dataset=c.params.get("prompts.source"),
+                   published_tau=published_tau(c.params))
         for s in subsets:
-            sub = [r for r in c.rows or [] if r["subset"] == s]
+            sub = [r for r in c.rows or [] if r.subset == s]
             row[f"tau/{s}"] = _tau(sub)[0] if sub else None
-        row.update(delta_tau=None, delta_tau_se=None, delta_tau_z=None, paired_against=base.name if base else None, note="")
+        row.update(delta_tau=None, delta_tau_se=None, delta_tau_z=None, paired_against=base.name if base else None, note=c.note)
         if c.rows and base is not None:
             try:
-                pairs = align(base.rows or [], c.rows)
+                pairs = align(base.rows or [], c.rows, base.identity, c.identity)
             except CompareError as e:
                 row["note"] = f"not paired: {e}"
             else:
                 d = compare(pairs)[0]  # acceptance_length
                 row.update(delta_tau=d["diff"], delta_tau_se=d["se"], delta_tau_z=d["z"])
-        elif not c.rows:
+        elif not c.note and not c.rows:
             row["note"] = "no per-prompt rows (the job failed?)"
         row["run_id"] = c.run_id
         out.append(row)
@@ -68,30 +101,23 @@ def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
 
 
 def best(table: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The child with the highest τ (None if none finished)."""
+    """The child with the highest τ (None if no child measured one)."""
     done = [r for r in table if r["tau"] is not None]
     return max(done, key=lambda r: r["tau"]) if done else None
 
 
 CUMULATIVE = "cumulative acceptance (steps with slot k accepted / steps)"
-TEACHER_FORCED = "teacher-forced accuracy (slot k right, any prefix)"
 
 
-def position_curve(rows: list[dict[str, Any]], cumulative: bool) -> list[float | None]:
-    """A run's per-slot curve from its per-prompt rows: cumulative acceptance (needs the rows'
-    `accepted_at_pos`) or teacher-forced accuracy; None where undefined."""
-    from dflash.report.plots import rates
-
-    K = len(rows[0]["tf_total"])
-    if cumulative:
-        return rates([sum(r["accepted_at_pos"][k] for r in rows) for k in range(K)], [sum(r["steps"] for r in rows)] * K)
-    return rates([sum(r["tf_correct"][k] for r in rows) for k in range(K)], [sum(r["tf_total"][k] for r in rows) for k in range(K)])
+def position_curve(rows: list[PromptRow]) -> list[Rate]:
+    """A run's cumulative acceptance per slot from its per-prompt rows (metrics.position_curves); None where undefined."""
+    return position_curves(row_counters(rows))["accept_rate"]
 
 
 def sweep_artifacts(children: list[Child], title: str = "sweep") -> dict[str, bytes]:
     """The sweep parent's files: `sweep/children.csv` (sweep_table), `sweep/tau.png` (τ ± SE against
-    the swept value when it is one number per child, else per child), `sweep/per_position.png` (each
-    child's cumulative acceptance, or teacher-forced accuracy for runs that did not log it, overlaid)."""
+    the swept value when it is one number per child, else per child; a gap where τ is undefined),
+    `sweep/per_position.png` (each child's cumulative acceptance, overlaid)."""
     from dflash.report import plots
 
     table = sweep_table(children)
@@ -110,12 +136,7 @@ def sweep_artifacts(children: list[Child], title: str = "sweep") -> dict[str, by
         "sweep/tau.png": plots.tau_png(labels, [r["tau"] for r in table], [r["tau_se"] for r in table], x=x, xlabel=xlabel,
                                        title=f"{title}: τ ± SE over prompts, per child"),
     }
-    done = [(lab, c.rows) for lab, c in zip(labels, children) if c.rows]
-    if done:
-        cum = all("accepted_at_pos" in r for _, rows in done for r in rows)
-        what = CUMULATIVE if cum else TEACHER_FORCED
-        curves = {lab: position_curve(rows, cum) for lab, rows in done}
-        files["sweep/per_position.png"] = plots.curves_png(curves, what.split(" (")[0], title=f"{title}: {what}, per child")
+    curves = {lab: position_curve(c.rows) for lab, c in zip(labels, children) if c.rows}
+    if curves:
+        files["sweep/per_position.png"] = plots.curves_png(curves, CUMULATIVE.split(" (")[0], title=f"{title}: {CUMULATIVE}, per child")
     return files
-
-

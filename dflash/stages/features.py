@@ -1,7 +1,7 @@
 """The feature stage: the target's tapped hidden states over every prompt + reference, computed once.
 
 A sequence's features are the outputs of the tapped decoder layers at every position ([T, n*H],
-DFLASH.md §1), from `target.tapped_forward`: the forward stops after the deepest tap (no later
+DFLASH.md §1), from `dflash.models.forward.tapped_forward`: the forward stops after the deepest tap (no later
 layer, no LM head) and long sequences run in chunks of `chunk_tokens` through the KV cache. They
 depend only on the target (identity, dtype, device type, attention implementation), the token ids
 and the taps, so they are cached by that content:
@@ -38,7 +38,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from dflash.models.target import Target, tapped_forward
+from dflash.models.forward import tapped_forward
+from dflash.models.target import Target
 from dflash.util.errors import ConfigError, TargetError
 from dflash.util.files import atomic_write
 from dflash.util.memo import PROCESS

@@ -29,7 +29,9 @@ prints "-"; plots leave a gap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 
@@ -69,12 +71,62 @@ class Counters:
 Rate = Optional[float]  # None: undefined (0/0)
 
 
-def _div(a: float, b: float) -> Rate:
+def ids_digest(ids: list[int]) -> str:
+    """A short digest of token ids (16 hex digits of sha256): two rows with one digest saw the same tokens."""
+    return hashlib.sha256(json.dumps([int(t) for t in ids]).encode()).hexdigest()[:16]
+
+
+@dataclass
+class PromptRow:
+    """One prompt's counters as a run's `per_prompt.json` holds them (`to_dict`, one dict per prompt)
+    and dflash.report.compare pairs them: two rows pair only where both digests match."""
+
+    id: str
+    subset: str
+    prompt_tokens: int
+    new_tokens: int
+    steps: int
+    committed: int
+    accepted_at_pos: list[int]  # [B-1]
+    tf_correct: list[int]  # [B-1]
+    tf_total: list[int]  # [B-1]
+    tf_nll: Optional[float]  # Σ -log p(reference token) over every anchor and slot; None without scores=true
+    prompt_digest: str  # ids_digest of the rendered prompt ids (template, system prompt, tokenizer)
+    reference_digest: str  # ids_digest of the reference ids (target, dtype, server, sampling)
+
+    @property
+    def acceptance_length(self) -> Rate:
+        return ratio(self.committed, self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {**{k: d.pop(k) for k in ("id", "subset", "prompt_tokens", "new_tokens", "steps", "committed")},
+                "acceptance_length": self.acceptance_length, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PromptRow":
+        """A row read back from per_prompt.json; KeyError names a field an older dflash-eval did not log."""
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+def row_counters(rows: list[PromptRow]) -> Counters:
+    """The counters a set of rows holds, summed (steps, committed, accepted_at_pos, teacher-forced counts)."""
+    K = len(rows[0].tf_total)
+
+    def col(name: str) -> list[int]:
+        return [sum(getattr(r, name)[k] for r in rows) for k in range(K)]
+
+    return Counters(block_size=K + 1, steps=sum(r.steps for r in rows), committed=sum(r.committed for r in rows),
+                    new_tokens=sum(r.new_tokens for r in rows), prompts=len(rows), accepted_at_pos=col("accepted_at_pos"),
+                    tf_correct=col("tf_correct"), tf_total=col("tf_total"))
+
+
+def ratio(a: float, b: float) -> Rate:
     return a / b if b else None
 
 
 def acceptance_length(c: Counters) -> Rate:
-    return _div(c.committed, c.steps)
+    return ratio(c.committed, c.steps)
 
 
 def ratio_se(num: list[float], den: list[float]) -> Rate:
@@ -87,30 +139,31 @@ def ratio_se(num: list[float], den: list[float]) -> Rate:
     return (n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(num, den))) ** 0.5 / D
 
 
-def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]) -> tuple[float, float]:
+def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]) -> tuple[Rate, Rate]:
     """Σnum_b/Σden_b - Σnum_a/Σden_a over the same n clusters, and its paired SE (delta method:
-    each cluster's influence on b minus its influence on a, so what the prompts share cancels)."""
+    each cluster's influence on b minus its influence on a, so what the prompts share cancels).
+    Undefined is None: the gap when either side has Σden = 0 (no verify step), the SE under 2 clusters."""
     n, Da, Db = len(num_a), sum(den_a), sum(den_b)
     if not Da or not Db:
-        return 0.0, 0.0
+        return None, None
     ra, rb = sum(num_a) / Da, sum(num_b) / Db
     if n < 2:
-        return rb - ra, 0.0
+        return rb - ra, None
     z = [(nb - rb * db) / Db - (na - ra * da) / Da for na, da, nb, db in zip(num_a, den_a, num_b, den_b)]
     return rb - ra, (n / (n - 1) * sum(x * x for x in z)) ** 0.5
 
 
 def accept_rate(c: Counters) -> list[Rate]:
-    return [_div(n, c.steps) for n in c.accepted_at_pos]
+    return [ratio(n, c.steps) for n in c.accepted_at_pos]
 
 
 def accept_rate_cond(c: Counters) -> list[Rate]:
     prev = [c.steps] + c.accepted_at_pos[:-1]
-    return [_div(n, p) for n, p in zip(c.accepted_at_pos, prev)]
+    return [ratio(n, p) for n, p in zip(c.accepted_at_pos, prev)]
 
 
 def accuracy(c: Counters) -> list[Rate]:
-    return [_div(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
+    return [ratio(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
 
 
 def scored(c: Counters) -> bool:
@@ -119,16 +172,16 @@ def scored(c: Counters) -> bool:
 
 
 def nll(c: Counters) -> list[Rate]:
-    return [_div(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
+    return [ratio(x, t) for x, t in zip(c.tf_nll, c.tf_total)]
 
 
 def confidence(c: Counters) -> list[Rate]:
-    return [_div(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
+    return [ratio(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
 
 
 def commit_share(c: Counters) -> list[Rate]:
     """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
-    return [_div(n, c.steps) for n in c.commit_hist[1:]]
+    return [ratio(n, c.steps) for n in c.commit_hist[1:]]
 
 
 def position_curves(c: Counters) -> dict[str, list[Rate]]:
@@ -168,22 +221,22 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
     taus = [t for _, c in per_prompt if (t := acceptance_length(c)) is not None]
     m: dict[str, Rate] = {
         "acceptance_length": acceptance_length(total),
-        "acceptance_length_macro": _div(sum(taus), len(taus)),
+        "acceptance_length_macro": ratio(sum(taus), len(taus)),
         "acceptance_length_se": ratio_se([c.committed for _, c in per_prompt], [c.steps for _, c in per_prompt]),
-        "mean_accepted": _div(total.accepted, total.steps),
+        "mean_accepted": ratio(total.accepted, total.steps),
         "expected_acceptance_length": expected_acceptance_length(accuracy(total)),
-        "draft_acceptance_rate": _div(total.accepted, total.drafted),
+        "draft_acceptance_rate": ratio(total.accepted, total.drafted),
         "steps": float(total.steps),
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
     if total.committed_uncapped:  # the replay's (the online loop does not count it)
-        m["acceptance_length_uncapped"] = _div(total.committed_uncapped, total.steps)
-        m["acceptance_length_macro_uncapped"] = _div(sum(_div(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
+        m["acceptance_length_uncapped"] = ratio(total.committed_uncapped, total.steps)
+        m["acceptance_length_macro_uncapped"] = ratio(sum(ratio(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
     if scored(total):
-        m["nll_mean"] = _div(sum(total.tf_nll), sum(total.tf_total))
+        m["nll_mean"] = ratio(sum(total.tf_nll), sum(total.tf_total))
         m["nll_mean_se"] = ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt])
-        m["overconfidence"] = _div(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total))
+        m["overconfidence"] = ratio(sum(total.tf_conf) - sum(total.tf_correct), sum(total.tf_total))
     for subset in sorted({s for s, _ in per_prompt}):
         sub = [c for s, c in per_prompt if s == subset]
         st = sum(sub[1:], sub[0])

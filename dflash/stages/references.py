@@ -1,4 +1,5 @@
-"""Reference completions: the target's own greedy output for each prompt, checked and cached on disk.
+"""Reference completions: the target's own greedy (or, at references.temperature > 0, position-keyed
+sampled: dflash/models/sampling.py) output for each prompt, checked and cached on disk.
 
 Under greedy decoding DFlash is lossless, so the reference is exactly what speculative decoding
 would output; the replay (replay.py) walks the draft-verify loop against it.
@@ -39,13 +40,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from dflash.config.schema import ReferencesConfig
-from dflash.models.decode import COMPILE_CHOICES, choose_compile, decode_steps
-from dflash.models.target import forward, new_cache
+from dflash.models.decode import COMPILE_CHOICES, choose_compile, decode_steps, length_batches
+from dflash.models.forward import forward, new_cache
+from dflash.models.sampling import Sampling, pick, row_keys
+from dflash.stages.served import Served
 from dflash.stages.server import CallPolicy, Server, snippet
 from dflash.util.errors import ConfigError, ReferenceError
 from dflash.util.files import atomic_write_text
@@ -70,6 +73,14 @@ class ReferenceOptions(CallPolicy):
     concurrency: int = 8  # server: requests in flight at once
     probe_prompts: int = 0  # server: prompts also generated locally to measure agreement (0: off)
     probe_min_agreement: float = 0.9  # warn when the token agreement before the first divergence is below
+    temperature: float = 0.0  # 0: greedy; > 0: sampled under z-lab's convention (dflash/models/sampling.py)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int = 0
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(float(self.temperature), float(self.top_p), int(self.top_k), int(self.seed))
 
     def validate(self, max_new_tokens: int) -> None:
         rules = [
@@ -85,6 +96,11 @@ class ReferenceOptions(CallPolicy):
             ("backoff_s", self.backoff_s >= 0, "must be >= 0 seconds"),
             ("probe_prompts", self.probe_prompts >= 0, "must be >= 0 (0: no probe)"),
             ("probe_min_agreement", 0.0 <= self.probe_min_agreement <= 1.0, "must be in [0, 1]"),
+            ("temperature", isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
+             "must be a number >= 0 (0: greedy references; z-lab's tables use 0 and 1)"),
+            ("top_p", isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0, "must be in (0, 1] (1: no nucleus cut)"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "must be an integer >= 0 (0: no top-k cut)"),
+            ("seed", isinstance(self.seed, int) and 0 <= self.seed < 2**31, "must be an integer in [0, 2^31)"),
         ]
         for name, ok, fix in rules:
             if not ok:
@@ -99,6 +115,7 @@ class ReferenceStats:
     generated: int = 0
     new_tokens: int = 0  # tokens generated in this run (not cached)
     source: str = "local"
+    convention: str = "greedy"  # or z-lab's sampled convention with its T, top-p, top-k and seed (Sampling.convention)
     server: dict[str, Any] | None = None  # what the server reported serving
     read_only: bool = False  # the cache could not be written: used read-only
     retokenized: int = 0  # openai: answers given as text and re-tokenized
@@ -108,6 +125,7 @@ class ReferenceStats:
     engine: str | None = None  # local generation: how it ran (static cache, CUDA graphs, compiled or not and why)
     setup_s: float | None = None  # local generation: the engine's set-up before its first token (compile, capture); None: none built
     warnings: list[str] = field(default_factory=list)
+    served: dict[tuple[int, ...], Served] = field(default_factory=dict)  # prompt ids -> the server's speculative counters (stages/served.py)
 
     def metrics(self) -> dict[str, float]:
         if not self.probe_prompts:
@@ -157,6 +175,13 @@ class ReferenceCache:
             return None
         return ids if (problem or (lambda _: None))(ids) is None else None
 
+    def served(self, key: str) -> Served | None:
+        """The server's speculative counters kept beside a cached reference (None: none were reported)."""
+        try:
+            return Served.from_dict(json.loads(self._path(key).read_text()).get("served"))
+        except (OSError, ValueError, AttributeError):
+            return None
+
     def put(self, key: str, completion_ids: list[int], meta: dict[str, Any]) -> None:
         if self.read_only:
             return
@@ -180,18 +205,13 @@ class ReferenceCache:
 # --- local generation -------------------------------------------------------------------------
 
 
-def _batches(prompts: list[list[int]], batch_size: int) -> Iterator[list[int]]:
-    """Indices of prompts in batches of similar lengths."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    for b0 in range(0, len(order), batch_size):
-        yield order[b0 : b0 + batch_size]
-
-
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
                     on_done: Callable[[int, list[int]], None] | None = None, compile: bool | str = False,
-                    compile_min_steps: int = COMPILE_MIN_STEPS, stats: ReferenceStats | None = None) -> list[list[int]]:
-    """Greedy completions (EOS included when reached), batched with left padding. `on_done(i,
+                    compile_min_steps: int = COMPILE_MIN_STEPS, stats: ReferenceStats | None = None,
+                    sampling: Sampling = Sampling()) -> list[list[int]]:
+    """Greedy completions (or sampled: `sampling`, position-keyed, so independent of the batch;
+    EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
     engine (decode.Generator, CUDA graphs; `compile`: inductor first, true / false / auto as
     decode.choose_compile rules) as each batch ends. `stats` gets the engine's label and set-up seconds."""
@@ -202,7 +222,7 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
     b = min(batch_size, len(prompts))
     comp, why = choose_compile(compile, decode_steps(len(prompts), b, max_new_tokens), compile_min_steps)
     t0 = time.perf_counter()
-    engine = _static_engine(target, b, max(map(len, prompts)), max_new_tokens, comp)
+    engine = _static_engine(target, b, max(map(len, prompts)), max_new_tokens, comp, sampling)
     setup = time.perf_counter() - t0
     label = (f"static cache{', CUDA graphs' if engine.eng.graphs else ''}, {'compiled' if comp else 'not compiled'} ({why})" if engine
              else "dynamic cache")
@@ -220,27 +240,30 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
                 on_done(i, comp)
             bar.update(1, tokens=tokens)
 
-        for rows in _batches(prompts, engine.eng.batch if engine else batch_size):
+        for rows in length_batches(prompts, engine.eng.batch if engine else batch_size):
             if engine is not None:
                 for i, comp in zip(rows, engine([prompts[i] for i in rows])):
                     finish(i, comp)
             else:
-                _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp))
+                _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp), sampling)
     return out
 
 
-def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False) -> Any:
+def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False, sampling: Sampling = Sampling()) -> Any:
     """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
     if target.device.type != "cuda":
         return None
     from dflash.models.decode import Generator, unsupported
 
-    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile) if unsupported(target.config) is None else None
+    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile, sampling=sampling) if unsupported(target.config) is None else None
 
 
-def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None]) -> None:
+def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None],
+                   sampling: Sampling = Sampling()) -> None:
     """One left-padded batch on a dynamic KV cache; finish(row, completion) as each row stops."""
     dev = target.device
+    keys = row_keys(prompts, sampling.seed, dev)  # [b]
+    at = torch.tensor([len(p) for p in prompts], device=dev)  # [b] absolute position of the next token
     eos = torch.tensor(target.eos_ids, device=dev)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_ids[0]
     P = max(map(len, prompts))
@@ -256,7 +279,7 @@ def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, f
     reported = done.clone()  # [b] row handed to finish
     steps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        nxt = logits.argmax(-1)  # [b]
+        nxt = pick(logits, sampling, keys, at + step)  # [b]
         steps.append(torch.where(done, -1, nxt))
         done |= torch.isin(nxt, eos)
         last = step == max_new_tokens - 1
@@ -277,14 +300,14 @@ def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, f
 
 
 def server_generate(server: Server, target: Any, prompts: list[list[int]], max_new_tokens: int, names: list[str],
-                    on_done: Callable[[int, list[int]], None], concurrency: int = 8) -> None:
+                    on_done: Callable[[int, list[int]], None], concurrency: int = 8, sampling: Sampling = Sampling()) -> None:
     """Ask the server for every prompt, `concurrency` requests in flight; on_done(i, ids) as each answer
     arrives. A failure (or an interrupt) aborts the requests still in flight."""
     tokens = 0
 
     def one(i: int) -> tuple[int, list[int]]:
         try:
-            return i, server.generate(prompts[i], max_new_tokens, target.eos_ids, target.tokenizer)
+            return i, server.generate(prompts[i], max_new_tokens, target.eos_ids, target.tokenizer, sampling)
         except ReferenceError as e:
             raise ReferenceError(f"{names[i]}: {e}") from None
 
@@ -332,9 +355,11 @@ def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: 
     o.validate(max_new_tokens)
     if o.source == "local":
         src, meta = f"local:{_dtype_name(dtype)}", {"source": "local", "dtype": _dtype_name(dtype)}
+        if (sk := o.sampling.key()) is not None:  # greedy keys stay as they were
+            src, meta = src + ":" + json.dumps(sk, sort_keys=True), {**meta, "sampling": sk}
     else:
         server = server if server is not None and server.kind == o.source else Server.open(o.source, o.url, o.model, o)
-        request = server.request_params(max_new_tokens, target.eos_ids)
+        request = server.request_params(max_new_tokens, target.eos_ids, o.sampling)
         src = json.dumps({"source": o.source, "server": server.reported, "request": request}, sort_keys=True)
         meta = {"source": o.source, "server": server.reported, "request": request, "url": server.client.url}
     meta.update(target=target.identity, max_new_tokens=max_new_tokens)
@@ -357,11 +382,12 @@ def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: 
 
 
 def check_references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
-                     dtype: Any, names: list[str] | None = None, **options: Any) -> ReferencePlan:
+                     dtype: Any, names: list[str] | None = None, options: ReferenceOptions | None = None, **fields: Any) -> ReferencePlan:
     """Pre-flight, before the target's weights load (`target` may be a `TargetInfo`; `dtype` is the one
     it will load in): the options, the server (reachable, its model known), the cache (writable, or
     read-only and complete). Pass the plan's `server` to `get_references` to skip asking again."""
-    return _plan(target, prompts, max_new_tokens, template, cache_dir, dtype, ReferenceOptions(**options), _names(len(prompts), names), None)
+    o = options if options is not None else ReferenceOptions(**fields)
+    return _plan(target, prompts, max_new_tokens, template, cache_dir, dtype, o, _names(len(prompts), names), None)
 
 
 def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
@@ -370,7 +396,12 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     todo = plan.missing
     refs = list(plan.cached)
     ro = plan.cache is not None and plan.cache.read_only
-    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source, server=plan.server.reported if plan.server else None, read_only=bool(ro))
+    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source,
+                           convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro))
+    if o.source != "local" and plan.cache is not None:  # counters of cached answers, kept beside them
+        for i in range(len(prompts)):
+            if refs[i] is not None and (s := plan.cache.served(plan.keys[i])) is not None:
+                stats.served[tuple(prompts[i])] = s
     if ro and not todo:
         log.warning("references: the cache %s cannot be written (%s): using its %d references read-only", plan.cache.root, ro, len(prompts))
     log.info("references (%s): %d prompts, %d cached, %d to generate%s", o.source, len(prompts), stats.hits, len(todo),
@@ -383,17 +414,20 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
         refs[i] = comp
         stats.generated += 1
         stats.new_tokens += len(comp)
+        served = plan.server.served.pop(tuple(prompts[i]), None) if plan.server is not None else None
+        if served is not None:
+            stats.served[tuple(prompts[i])] = served
         if plan.cache is not None:
-            plan.cache.put(plan.keys[i], comp, plan.meta)
+            plan.cache.put(plan.keys[i], comp, {**plan.meta, "served": served.to_dict() if served else None})
 
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
             greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, compile_min_steps=o.compile_min_steps,
-                            stats=stats)
+                            stats=stats, sampling=o.sampling)
         else:
             assert plan.server is not None
-            server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency)
+            server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling)
             stats.retokenized = plan.server.retokenized
             if plan.server.count_mismatch:
                 stats.warnings.append(f"{plan.server.count_mismatch} of {plan.server.retokenized} text answers re-tokenize to another length than "
@@ -410,7 +444,7 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
     lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh, compile=o.compile,
-                          compile_min_steps=o.compile_min_steps)
+                          compile_min_steps=o.compile_min_steps, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
     local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
@@ -441,12 +475,15 @@ def get_references(
     *,
     names: list[str] | None = None,
     server: Server | None = None,
-    **options: Any,
+    options: ReferenceOptions | None = None,
+    **fields: Any,
 ) -> tuple[list[list[int]], ReferenceStats]:
     """The reference of every prompt (cached, or generated and cached as each finishes).
     names: prompt ids for messages; server: the pre-flight's (`check_references(...).server`);
-    options: the other `references.*` fields (ReferenceOptions)."""
-    o = ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache, **options)
+    options: the `references.*` fields as one ReferenceOptions (passed whole; else built from the
+    keyword fields)."""
+    o = options if options is not None else ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache,
+                                                             **fields)
     labels = _names(len(prompts), names)
     refs, stats = _references(target, prompts, max_new_tokens, template, cache_dir, o, labels, server)
     if o.probe_prompts and o.source != "local" and prompts:

@@ -2,8 +2,9 @@
 
 `PromptResult` (one prompt: its rendered ids, reference, counters, the replay's verify steps),
 `RunInfo` (what was evaluated, as resolved), `EvalResult` (metrics, curves, per-prompt results, summed
-counters, samples, timings); `per_prompt_row` flattens a prompt's counters into the row
-`per_prompt.json` holds and dflash.report.compare pairs.
+counters, samples, timings); `per_prompt_row` flattens a prompt's counters into the typed row
+(`dflash.stages.metrics.PromptRow`, with digests of its prompt and reference ids) that `per_prompt.json`
+holds and dflash.report.compare pairs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash.stages.metrics import Counters, scored
+from dflash.stages.metrics import Counters, PromptRow, ids_digest, scored
 from dflash.stages.prompts import Prompt
 from dflash.stages.references import ReferenceStats
 from dflash.stages.replay import Block
@@ -62,19 +63,9 @@ class EvalResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def per_prompt_row(r: PromptResult) -> dict[str, Any]:
-    """The per-prompt counters as one flat row (per_prompt.json; what dflash.compare pairs)."""
+def per_prompt_row(r: PromptResult) -> PromptRow:
+    """The per-prompt counters as one row (per_prompt.json holds its `to_dict`; what dflash.report.compare pairs)."""
     c = r.counters
-    return {
-        "id": r.prompt.id,
-        "subset": r.prompt.subset,
-        "prompt_tokens": len(r.prompt_ids),
-        "new_tokens": c.new_tokens,
-        "steps": c.steps,
-        "committed": c.committed,
-        "acceptance_length": c.committed / c.steps if c.steps else None,
-        "accepted_at_pos": c.accepted_at_pos,
-        "tf_correct": c.tf_correct,
-        "tf_total": c.tf_total,
-        "tf_nll": sum(c.tf_nll) if scored(c) else None,
-    }
+    return PromptRow(id=r.prompt.id, subset=r.prompt.subset, prompt_tokens=len(r.prompt_ids), new_tokens=c.new_tokens, steps=c.steps,
+                     committed=c.committed, accepted_at_pos=c.accepted_at_pos, tf_correct=c.tf_correct, tf_total=c.tf_total,
+                     tf_nll=sum(c.tf_nll) if scored(c) else None, prompt_digest=ids_digest(r.prompt_ids), reference_digest=ids_digest(r.reference))

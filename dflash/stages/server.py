@@ -30,6 +30,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from dflash.models.sampling import Sampling
+from dflash.stages.served import Served, sglang_served, vllm_served
 from dflash.util.errors import ReferenceError
 from dflash.util.progress import log
 
@@ -218,6 +220,7 @@ class Server:
         self.reported: dict[str, Any] = {}
         self.retokenized = 0  # answers given as text and re-tokenized
         self.count_mismatch = 0  # of those, answers whose re-tokenized length differs from the server's count
+        self.served: dict[tuple[int, ...], Served | None] = {}  # prompt ids -> the answer's speculative counters (dflash.stages.served)
 
     @staticmethod
     def open(source: str, url: str | None, model: str | None, policy: CallPolicy) -> "Server":
@@ -235,12 +238,13 @@ class Server:
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
+    def request_params(self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()) -> dict[str, Any]:
         """The request without the prompt: part of the cache key. It asks the server to stop at the
-        target's stop ids, where local greedy decoding stops (a server's own stop list may differ)."""
+        target's stop ids, where local greedy decoding stops (a server's own stop list may differ).
+        At temperature > 0 it carries top_p, top_k (-1: all) and the seed; at 0 the request is as before."""
         raise NotImplementedError
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
+    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()) -> list[int]:
         raise NotImplementedError
 
 
@@ -276,12 +280,17 @@ class SGLang(Server):
             raise ReferenceError(f"the SGLang server at {self.client.url} serves {info['model_path']} as an embedding model, not a generator")
         return {k: info.get(k) for k in ("model_path", "tokenizer_path", "weight_version")}
 
-    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
-        return {"path": "/generate", "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "stop_token_ids": list(eos_ids)}}
+    def request_params(self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()) -> dict[str, Any]:
+        sp: dict[str, Any] = {"temperature": float(sampling.temperature), "max_new_tokens": max_new_tokens, "stop_token_ids": list(eos_ids)}
+        if not sampling.greedy:  # SGLang's SamplingParams: top_k -1 = all; sampling_seed (per-request seed)
+            sp.update(top_p=sampling.top_p, top_k=sampling.top_k or -1, sampling_seed=sampling.seed)
+        return {"path": "/generate", "sampling_params": sp}
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
-        r = self.client.post("/generate", {"input_ids": ids, "sampling_params": self.request_params(max_new_tokens, eos_ids)["sampling_params"]})
+    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()) -> list[int]:
+        sp = self.request_params(max_new_tokens, eos_ids, sampling)["sampling_params"]
+        r = self.client.post("/generate", {"input_ids": ids, "sampling_params": sp})
         r = r[0] if isinstance(r, list) and r else r
+        self.served[tuple(ids)] = sglang_served(_field(r, "meta_info"))
         out = _field(r, "output_ids")
         if not isinstance(out, list):
             raise ReferenceError(f"the answer has no output_ids list: {snippet(json.dumps(r))}")
@@ -317,11 +326,15 @@ class OpenAI(Server):
         card = served[self.model]
         return {"model": self.model, "root": _field(card, "root"), "owned_by": _field(card, "owned_by")}
 
-    def request_params(self, max_new_tokens: int, eos_ids: list[int]) -> dict[str, Any]:
-        return {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": list(eos_ids)}
+    def request_params(self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()) -> dict[str, Any]:
+        req = {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": float(sampling.temperature),
+               "stop_token_ids": list(eos_ids)}
+        if not sampling.greedy:  # OpenAI's top_p and seed; top_k is vLLM's extra field (-1: all)
+            req.update(top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=sampling.seed)
+        return req
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any) -> list[int]:
-        payload = {**self.request_params(max_new_tokens, eos_ids), "prompt": ids}
+    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()) -> list[int]:
+        payload = {**self.request_params(max_new_tokens, eos_ids, sampling), "prompt": ids}
         payload.pop("path")
         try:
             r = self.client.post("/v1/completions", {**payload, "return_token_ids": True} if self.token_ids else payload)
@@ -330,6 +343,7 @@ class OpenAI(Server):
                 raise
             self.token_ids = False  # a server that refuses the field: text it is
             r = self.client.post("/v1/completions", payload)
+        self.served[tuple(ids)] = vllm_served(r)
         choice = _field(r, "choices", 0)
         finish, stop = _field(choice, "finish_reason"), _field(choice, "stop_reason")
         if finish not in ("stop", "length"):

@@ -47,6 +47,7 @@ from dflash.tracking.store import (
                                    mlflow_client,
                                    open_store,
                                    reap,
+                                   run_tags,
                                    start_ticks,
                                    store_lock,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "open_store",
     "open_sweep",
     "reap",
+    "run_tags",
     "setup_eval_experiment",
     "start_ticks",
     "store_lock",

@@ -119,18 +119,16 @@ class Run:
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     def log_metrics(self, metrics: dict[str, float | None], step: int = 0, curves: dict[str, Sequence[float | None]] | None = None,
-                    first_step: int = 1, digits: int | None = None) -> None:
+                    first_step: int = 1) -> None:
         """Scalars at `step`, and each curve as one metric with step = first_step, first_step + 1, ...;
-        undefined values (None, NaN, inf) are not logged; `digits`: rounded to that many decimals (what the UI shows)."""
+        each value as measured (full precision: rounding is for what a person reads); undefined values
+        (None, NaN, inf) are not logged."""
         from mlflow.entities import Metric
 
-        def v_(v: float) -> float:
-            return round(float(v), digits) if digits is not None else float(v)
-
         ts = int(time.time() * 1000)
-        items = [Metric(k, v_(v), ts, step) for k, v in metrics.items() if _finite(v)]
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if _finite(v)]
         for name, values in (curves or {}).items():
-            items += [Metric(name, v_(v), ts, k) for k, v in enumerate(values, start=first_step) if _finite(v)]
+            items += [Metric(name, float(v), ts, k) for k, v in enumerate(values, start=first_step) if _finite(v)]
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
 

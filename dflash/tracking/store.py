@@ -220,6 +220,11 @@ def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
     return [(r.info.run_id, r.info.run_name) for r in found]
 
 
+def run_tags(uri: str, run_id: str) -> dict[str, str]:
+    """A run's tags (e.g. `target_identity`, `dtype`: what dflash.compare checks beside the rows)."""
+    return dict(mlflow_client(uri).get_run(run_id).data.tags)
+
+
 def load_per_prompt(uri: str, run_id: str) -> list[dict[str, Any]]:
     """The per-prompt rows an evaluation run logged as per_prompt.json."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bar on the console

@@ -19,7 +19,7 @@ Files, in the order data flows:
     variants.py     the bug switches: which variant has which bug, bug 2's taps
     arch.py         the drafter built: taps, DrafterConfig, initial weights
     batch.py        batches and anchors, functions of (seed, step)
-    taps.py         the one entry to the target's hidden states (dflash.models.target.tapped_forward)
+    taps.py         the one entry to the target's hidden states (dflash.models.forward.tapped_forward)
     labels.py       greedy labels, augmentation noise, bug 1's labels
     loss.py         the weighted loss and bug 3's diluted one
     step.py         one optimizer step of one variant, its counters

@@ -215,8 +215,10 @@ def after_step(lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm
             s["label_flip_rate"] = w.flip / w.n
         lv.tracker.log(rs.step, s)
         lv.summary = {"step": rs.step, **s}
-        log.info("[%s] step %d/%d loss %.3f acc %.3f acc_1 %.3f tf_tau %.2f lr %.2e %.0f tok/s %.0f ms/step wall", rs.variant.name, rs.step, total,
-                 s["loss_avg"], s["acc"], s["acc_1"], s["tf_expected_tau"], lr, s["tokens_per_s"], s["wall_s_per_step"] * 1e3)
+        specs = (("acc", ".3f"), ("acc_1", ".3f"), ("tf_expected_tau", ".2f"), ("tokens_per_s", ".0f"))
+        f = {k: "-" if s.get(k) is None else f"{s[k]:{spec}}" for k, spec in specs}  # undefined: "-"
+        log.info("[%s] step %d/%d loss %.3f acc %s acc_1 %s tf_tau %s lr %.2e %s tok/s %.0f ms/step wall", rs.variant.name, rs.step, total,
+                 s["loss_avg"], f["acc"], f["acc_1"], f["tf_expected_tau"], lr, f["tokens_per_s"], s["wall_s_per_step"] * 1e3)
         lv.window = Window()
     if rs.step % int(cfg.save_every) == 0 or rs.step == total or rs.step in exports:
         save_checkpoint(rs)

@@ -18,7 +18,9 @@ from typing import Any
 
 from torch import Tensor
 
+from dflash.stages.metrics import expected_acceptance_length, ratio
 from dflash.train.step import StepStats
+from dflash.util.files import atomic_write_text, open_append
 
 
 @dataclass
@@ -45,24 +47,22 @@ class Window:
         )
 
     @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(self.time, 1e-9)
+    def tokens_per_s(self) -> float | None:
+        return ratio(self.tokens, self.time)
 
 
-def summarise(w: Window, B: int) -> dict[str, float]:
-    """Ratios of a window's sums (w.count [B-1] > 0 somewhere)."""
+def summarise(w: Window, B: int) -> dict[str, float | None]:
+    """Ratios of a window's sums; None where a ratio is over nothing (no labelled slot k in the window)."""
     assert isinstance(w.count, Tensor), "summarise needs a window with at least one step"
-    cnt = w.count.clamp(min=1)
-    own, clean = w.hit_own / cnt, w.hit_clean / cnt  # [B-1]
-    out = {"acc": float(w.hit_own.sum() / cnt.sum()), "acc_clean": float(w.hit_clean.sum() / cnt.sum())}
-    prod, tau = 1.0, 1.0
+    cnt, own_hits, clean_hits = w.count.tolist(), w.hit_own.tolist(), w.hit_clean.tolist()
+    own = [ratio(h, c) for h, c in zip(own_hits, cnt)]  # [B-1]
+    out: dict[str, float | None] = {"acc": ratio(sum(own_hits), sum(cnt)), "acc_clean": ratio(sum(clean_hits), sum(cnt))}
     for k in range(1, B):
-        out[f"acc_{k}"] = float(own[k - 1])
-        out[f"acc_clean_{k}"] = float(clean[k - 1])
-        prod *= float(own[k - 1])
-        tau += prod
-    out["tf_expected_tau"] = tau  # 1 + sum_k prod_{i<=k} acc_i (teacher-forced, own labels)
-    out["tf_prefix_tau"] = 1.0 + float(w.prefix.sum() / w.count[0].clamp(min=1))
+        out[f"acc_{k}"] = own[k - 1]
+        out[f"acc_clean_{k}"] = ratio(clean_hits[k - 1], cnt[k - 1])
+    out["tf_expected_tau"] = expected_acceptance_length(own)  # 1 + sum_k prod_{i<=k} acc_i (teacher-forced, own labels)
+    prefix = ratio(float(w.prefix.sum()), cnt[0])
+    out["tf_prefix_tau"] = None if prefix is None else 1.0 + prefix
     return out
 
 
@@ -70,8 +70,8 @@ class Tracker:
     """MLflow for one variant (optional), always mirrored to <run_dir>/metrics.jsonl."""
 
     def __init__(self, tracking_cfg: Any, run_dir: Path, name: str, bugs: dict[str, bool], params: dict[str, Any], target_name: str):
-        self.file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        (run_dir / "params.json").write_text(json.dumps(params, indent=1, default=str))
+        self.file = open_append(run_dir / "metrics.jsonl")
+        atomic_write_text(run_dir / "params.json", json.dumps(params, indent=1, default=str))
         self.run = None
         t = tracking_cfg
         if t is not None and t.enabled:
@@ -84,7 +84,7 @@ class Tracker:
                 t.uri, t.experiment or f"dflash-train/{target_name}", name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id
             )
             if not run_id:
-                rid_file.write_text(self.run.run_id)
+                atomic_write_text(rid_file, self.run.run_id)
                 self.run.log_params(params)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -9,7 +9,7 @@ Prompts come from what every machine has (word lists and templates in corpus.py)
 No training prompt may be an evaluation prompt: `overlaps` flags a pair that is equal, where one
 contains the other, or that shares any run of `NGRAM` words (lower-cased, punctuation dropped);
 `build_prompts` drops every candidate that overlaps a prompt of any evaluation set in
-`conf/prompts/` (builtin, humaneval; jsonl has no fixed file), and tests/test_train.py checks it.
+`conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and tests/test_train.py checks it.
 
     python -m dflash.train.prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
 """
@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from dflash.stages.benchmarks import BENCHMARKS, local_copy
 from dflash.stages.prompts import Prompt, load_prompts, read_jsonl
 from dflash.train.corpus import (
     ARITH_TEMPLATES,
@@ -78,6 +79,8 @@ def evaluation_prompts(conf_dir: Path = CONF_PROMPTS) -> dict[str, list[Prompt]]
         source, path = spec.get("source"), spec.get("path")
         if source == "jsonl" and (not path or str(path).startswith("???")):
             continue
+        if source in BENCHMARKS and local_copy(BENCHMARKS[source], path, None) is None:
+            continue  # on the hub only: not on this machine
         out[f.stem] = read_jsonl(path) if source == "jsonl" else load_prompts(source, path)
     return out
 

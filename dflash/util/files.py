@@ -7,9 +7,10 @@ everything in it, ends 0666 / 0777 minus the umask, like what `open()` and `mkdi
 cache shared by a team (umask 002) stays readable and writable by the group. Whatever
 exception passes (KeyboardInterrupt, SIGTERM's `Terminated` included), the temporary name goes.
 
-    atomic_write_text(path, text)
+    atomic_write_text(path, text); atomic_write_bytes(path, data)
     atomic_write(path, lambda tmp: save_file(tensors, tmp))      # any writer that takes a path
     with atomic_dir(dest) as tmp: model.save_pretrained(tmp)     # a folder, renamed when complete
+    open_append(path)                                            # a log appended line by line (not atomic)
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def open_append(path: str | Path):
+    """A log file opened to append lines (e.g. metrics.jsonl): created like `open()` makes files
+    (0666 minus the umask), its folder made if missing; each line is flushed by the caller."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a", encoding="utf-8")
 
 
 def remove_stale(dest: Path) -> list[Path]:

