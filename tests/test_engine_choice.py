@@ -55,7 +55,7 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
         def __call__(self, prompts):
             return [[2] for _ in prompts]
 
-    def fake(t, b, p, n, compile):
+    def fake(t, b, p, n, compile, *rest):
         seen.append((b, compile))
         return FakeEngine()
 
