@@ -132,3 +132,7 @@ def make_drafter():
         return DFlashDrafter(cfg).init_weights(seed, std=std).eval()
 
     return make
+
+
+def loop_counters(c):  # every counter the draft-verify loop keeps (the teacher-forced ones are the replay's own)
+    return (c.steps, c.drafted, c.accepted, c.committed, c.committed_uncapped, c.new_tokens, c.accepted_at_pos, c.commit_hist)

@@ -30,7 +30,7 @@ from dflash.models.decode import Engine
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.sampling import Sampling, pick, prompt_key
 from dflash.models.target import Target
-from dflash.stages.metrics import Counters
+from dflash.stages.metrics import Counters, count_step
 from dflash.stages.replay import Block
 from dflash.util.progress import Progress
 
@@ -120,14 +120,7 @@ class OnlineDecoder:
                     commit = commit[: i + 1]
                     break
             acc = min(a, len(commit))
-            c.steps += 1
-            c.drafted += B - 1
-            c.accepted += acc
-            c.committed += len(commit)
-            c.new_tokens += len(commit)
-            for k in range(acc):
-                c.accepted_at_pos[k] += 1
-            c.commit_hist[len(commit)] += 1
+            count_step(c, acc, len(commit))
             blocks.append(Block(pos, draft, acc))
             bar.update(len(commit), tau=f"{c.committed / c.steps:.2f}")
             kept = [gen[-1]] + draft[:a]  # the anchor and the accepted drafts

@@ -68,6 +68,21 @@ class Counters:
         return Counters(**kw)
 
 
+def count_step(c: Counters, accepted: int, committed: int) -> None:
+    """One verify step into the counters, the same for the offline replay and the online loop: `accepted`
+    drafted tokens taken, `committed` tokens committed (accepted + bonus, capped where the reference or the
+    generation ends); the uncapped side counts accepted + 1, as z-lab's original loop does."""
+    c.steps += 1
+    c.drafted += c.block_size - 1
+    c.accepted += accepted
+    c.committed += committed
+    c.committed_uncapped += accepted + 1
+    c.new_tokens += committed
+    for k in range(accepted):
+        c.accepted_at_pos[k] += 1
+    c.commit_hist[committed] += 1
+
+
 Rate = Optional[float]  # None: undefined (0/0)
 
 
@@ -230,7 +245,7 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
         "new_tokens": float(total.new_tokens),
         "prompts": float(total.prompts),
     }
-    if total.committed_uncapped:  # the replay's (the online loop does not count it)
+    if total.committed_uncapped:  # every step counted in full (replay and online loop alike)
         m["acceptance_length_uncapped"] = ratio(total.committed_uncapped, total.steps)
         m["acceptance_length_macro_uncapped"] = ratio(sum(ratio(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
     if scored(total):

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.target import Target
-from dflash.stages.metrics import Counters
+from dflash.stages.metrics import Counters, count_step
 from dflash.util.errors import NumericsError
 
 
@@ -104,15 +104,7 @@ def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_
         while a < len(labels) and prop[a] == labels[a]:
             a += 1
         commit = min(a + 1, T - 1 - pos)
-        c.steps += 1
-        c.drafted += block_size - 1
-        c.accepted += a
-        c.committed += commit
-        c.committed_uncapped += a + 1
-        c.new_tokens += commit
-        for k in range(a):
-            c.accepted_at_pos[k] += 1
-        c.commit_hist[commit] += 1
+        count_step(c, a, commit)
         blocks.append(Block(pos, list(prop), a))
         pos += commit
     return c, blocks
