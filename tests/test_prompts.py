@@ -195,3 +195,17 @@ def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
     path.write_bytes('{"prompt": "fine"}\n{"prompt": "café"}\n'.encode("latin-1"))
     with pytest.raises(PromptError, match=r"latin1.jsonl line 2: not UTF-8 \(byte 0xe9\)"):
         read_jsonl(path)
+
+
+@pytest.mark.parametrize("use_chat_template", [True, False])
+def test_the_system_prompt_reaches_the_target_in_both_template_modes(use_chat_template):
+    from conftest import make_tokenizer
+
+    from dflash.stages.prompts import Prompt, render
+
+    tok = make_tokenizer()
+    p = Prompt("a", "all", (("user", "t7 t8"),))
+    ids = render(p, tok, {"use_chat_template": use_chat_template, "system_prompt": "t30 t31"})
+    plain = render(p, tok, {"use_chat_template": use_chat_template})
+    text = tok.decode(ids)
+    assert "t30" in text and "t31" in text and "t30" not in tok.decode(plain) and len(ids) > len(plain)

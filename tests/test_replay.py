@@ -149,3 +149,20 @@ def test_a_one_token_reference_has_no_verify_step(qwen3_target, make_drafter):
     taps = tapped_forward(qwen3_target, torch.tensor([x + r]), d.cfg.target_layer_ids)[0]
     c, blocks = evaluate_sequence(d, qwen3_target, x, r, taps)
     assert (c.steps, c.new_tokens, blocks) == (0, 1, []) and acceptance_length(c) is None
+
+
+def test_a_run_that_measured_nothing_is_an_error_and_some_prompts_without_a_step_a_warning():
+    from dflash.pipeline import check_measured
+    from dflash.stages.metrics import Counters
+    from dflash.stages.prompts import Prompt
+    from dflash.stages.result import PromptResult
+    from dflash.util.errors import ReferenceError
+
+    def result(pid, steps, ref):
+        return PromptResult(Prompt(pid, "all", (("user", "x"),)), [1, 2], ref, Counters(block_size=4, steps=steps, prompts=1), [])
+
+    with pytest.raises(ReferenceError, match=r"nothing was measured: 2 of 2 prompts had no verify step: a \(1 new token\), b \(1 new token\)"):
+        check_measured([result("a", 0, [2]), result("b", 0, [2])], "sglang")
+    (w,) = check_measured([result("a", 3, [5, 6, 2]), result("b", 0, [2])], "sglang")
+    assert "1 of 2 prompts had no verify step: b (1 new token)" in w
+    assert check_measured([result("a", 3, [5, 6, 2])], "local") == []

@@ -108,3 +108,14 @@ def test_saved_view_puts_tau_and_curves_first_and_learns_new_subsets(uri):
     assert first == ["acceptance_length", "by_position/accept_rate", "by_position/accept_rate_cond", "by_position/accuracy", "by_commit/share"]
     assert state["isAccordionReordered"] and [s["display"] for s in state["compareRunSections"][:2]] == [True, True]
     assert not any(s["display"] for s in state["compareRunSections"][2:])  # the rest collapsed
+
+
+def test_metrics_are_logged_at_full_precision(uri):
+    """What MLflow stores is the measured float, not a rounded one: two runs equal to 4 decimals stay apart."""
+    a, b = 1 / 3, 1 / 3 + 1e-9
+    with tracking.Run(uri, "dflash/x", "d@step_1") as run:
+        run.log_metrics({"acceptance_length": a, "other": b}, curves={"by_position/accuracy": [a]})
+    c = tracking.mlflow_client(uri)
+    m = c.get_run(run.run_id).data.metrics
+    assert m["acceptance_length"] == a and m["other"] == b and m["acceptance_length"] != m["other"]
+    assert [h.value for h in c.get_metric_history(run.run_id, "by_position/accuracy")] == [a]
