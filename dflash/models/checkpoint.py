@@ -44,14 +44,13 @@ from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, 
 from dflash.models.rope import rotary_parameters
 from dflash.models.weights import sha256_file
 from dflash.util.errors import CheckpointError
-from dflash.util.files import atomic_dir, atomic_write
+from dflash.util.files import atomic_dir, atomic_write, find_path
 from dflash.util.progress import log
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")
 IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 PICKLES = ("checkpoint.pt", "*.bin", "*.pt", "*.pth")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -84,15 +83,6 @@ class LoadedDrafter:
 
 def list_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in run_dir.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name)))
-
-
-def find_path(p: str | Path) -> Path:
-    """A relative path is looked up in the working directory, then in the project root (so the
-    shipped `checkpoints/...` work from anywhere)."""
-    path = Path(p).expanduser()
-    if not path.is_absolute() and not path.exists() and (PROJECT_ROOT / path).exists():
-        return PROJECT_ROOT / path
-    return path
 
 
 def _formats(folder: Path) -> tuple[list[Path], list[Path]]:

@@ -14,6 +14,7 @@ from typing import Any
 from dflash.stages.benchmarks import BENCHMARKS
 from dflash.stages.prompts import read_jsonl
 from dflash.util.errors import CheckpointError, PromptError
+from dflash.util.files import find_path
 
 
 def check_inputs(cfg: Any) -> None:
@@ -26,7 +27,7 @@ def check_inputs(cfg: Any) -> None:
     elif pc.source in BENCHMARKS and pc.path and not Path(pc.path).expanduser().exists():
         raise PromptError(f"prompts.path={pc.path} does not exist: point it at a local copy of {pc.source} (a file or folder in the "
                           "data set's own schema: parquet, JSON or JSONL), or leave it unset to load from the hub")
-    if d.kind == "training" and d.run_dir and not Path(d.run_dir).expanduser().is_dir():
+    if d.kind == "training" and d.run_dir and not find_path(d.run_dir).is_dir():
         raise CheckpointError(f"drafter.run_dir={d.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders")
-    if d.kind == "hf" and d.path and not Path(d.path).expanduser().is_dir():
+    if d.kind == "hf" and d.path and not find_path(d.path).is_dir():
         raise CheckpointError(f"drafter.path={d.path} is not a folder")

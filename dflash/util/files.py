@@ -120,3 +120,15 @@ def atomic_dir(dest: str | Path, replace: bool = False) -> Iterator[Path]:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def find_path(p: str | Path) -> Path:
+    """A relative path is looked up in the working directory, then in the project root (so the
+    shipped `checkpoints/...` work from anywhere)."""
+    path = Path(p).expanduser()
+    if not path.is_absolute() and not path.exists() and (PROJECT_ROOT / path).exists():
+        return PROJECT_ROOT / path
+    return path
