@@ -8,7 +8,7 @@ import pytest
 
 from dflash.models import kernels
 from dflash.models.decode import choose_compile, decode_steps
-from dflash.stages import references
+from dflash.stages import generate
 from dflash.stages.references import ReferenceOptions, ReferenceStats, greedy_generate
 from dflash.util.errors import ConfigError
 
@@ -59,7 +59,7 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
         seen.append((b, compile))
         return FakeEngine()
 
-    monkeypatch.setattr(references, "_static_engine", fake)
+    monkeypatch.setattr(generate, "_static_engine", fake)
     for min_steps, want in ((3, True), (4, False)):
         stats = ReferenceStats()
         greedy_generate(qwen3_target, [[5, 6], [7, 8, 9]], 3, batch_size=2, compile="auto", compile_min_steps=min_steps, stats=stats)

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from dflash.stages import references
+from dflash.stages import generate, references
 from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate, reference_key
 from dflash.util.files import atomic_write_text
 
@@ -32,7 +32,7 @@ def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
     """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
     from dflash.models.decode import Generator
 
-    monkeypatch.setattr(references, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
+    monkeypatch.setattr(generate, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
     seen = {}
     out = greedy_generate(qwen3_target, PROMPTS, 12, 3, on_done=lambda i, comp: seen.setdefault(i, comp))
     monkeypatch.undo()
@@ -122,7 +122,7 @@ def test_interrupted_generation_resumes_with_what_is_missing(qwen3_target, tmp_p
     """One batch of 4: the shortest prompt's row is forced to EOS at its second token, then the run is
     interrupted two steps later. That row was cached as it finished; the rerun generates the other 3."""
     clean = greedy_generate(qwen3_target, PROMPTS, 10, 4)
-    real, calls = references.forward, []
+    real, calls = generate.forward, []
     short = min(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))  # row 0 of the sorted batch
 
     def flaky(target, ids, cache, **kw):
@@ -135,13 +135,13 @@ def test_interrupted_generation_resumes_with_what_is_missing(qwen3_target, tmp_p
             out.logits[0, -1, qwen3_target.eos_ids[0]] = 0.0
         return out
 
-    monkeypatch.setattr(references, "forward", flaky)
+    monkeypatch.setattr(generate, "forward", flaky)
     with pytest.raises(KeyboardInterrupt):
         get_references(qwen3_target, PROMPTS, 10, {}, tmp_path, batch_size=4)
     (entry,) = entries(tmp_path)
     assert json.loads(entry.read_text())["completion_ids"] == [clean[short][0], qwen3_target.eos_ids[0]]
     assert not list(tmp_path.rglob("*.tmp"))
-    monkeypatch.setattr(references, "forward", real)
+    monkeypatch.setattr(generate, "forward", real)
     refs, st = get_references(qwen3_target, PROMPTS, 10, {}, tmp_path, batch_size=4)
     assert (st.hits, st.generated) == (1, 3)
     assert [r for i, r in enumerate(refs) if i != short] == [r for i, r in enumerate(clean) if i != short]

@@ -1,6 +1,6 @@
 """The static-cache decoding engine: prefill, one-token steps, B-token verify, rollback.
 
-One engine serves three callers: local greedy references on CUDA (`references.greedy_generate`),
+One engine serves three callers: local greedy references on CUDA (`dflash.stages.generate.greedy_generate`),
 target-only decoding (the online speed-up's baseline, `Generator` at batch 1) and the online
 DFlash loop (`speculative.OnlineDecoder`).
 
