@@ -10,12 +10,14 @@ Sections (each a ratio of two times or sizes measured here, in this run):
    target loaded and the features in memory: the warm cost per checkpoint. Checkpoints: the N
    latest steps of `drafter.run_dir` (the same one N times for other drafter kinds). Features are
    computed in a fresh feature cache (the converted target and the references are shared).
-2. `online`: the online draft-verify loop (speculative.py) against target-only decoding on the
+2. `replay`: the replay stage in each mode (`replay.anchors` all | visited, `replay.tf_stride`) on the same
+   features, interleaved, best of 3: seconds, the ratio to `all`, and that the loop's counters agree.
+3. `online`: the online draft-verify loop (speculative.py) against target-only decoding on the
    same prompts, batch 1 (speed.bench_online; on CUDA also against transformers' static compiled
    `generate`), and the warm per-checkpoint cost of section 1 against the online loop's time.
-3. `generation`: local references' engine against transformers' `generate` (default cache; static
+4. `generation`: local references' engine against transformers' `generate` (default cache; static
    compiled on CUDA), batch 1 and 12 (speed.bench_generation).
-4. `scale`: with a VL shape (`--scale qwen3_6_27b`: dflash/bench_scale.py) every stage of a whole evaluation of a
+5. `scale`: with a VL shape (`--scale qwen3_6_27b`: dflash/bench_scale.py) every stage of a whole evaluation of a
    random Qwen3.6-27B-shaped checkpoint on each of `--scale-devices`, its ratios and the field's protocol projected;
    otherwise a random target of another shape (`--scale qwen3_8b`, created once under
    `<cache_dir>/bench/`, not committed): the feature pass's peak RSS against the weights' bytes (a
@@ -155,6 +157,27 @@ def generation(cfg: config_mod.EvalConfig, res: EvalResult) -> str:
     return format_generation(g)
 
 
+REPLAY_MODES = (("all", 1), ("visited", 1), ("visited", 4), ("visited", 16))  # (replay.anchors, replay.tf_stride)
+
+
+def replay_modes(cfg: config_mod.EvalConfig, rounds: int = 3) -> str:
+    """The replay stage in each mode of REPLAY_MODES on the same references and features (in memory),
+    interleaved `rounds` times (best of): seconds, the ratio to `all`, and whether the loop's counters agree."""
+    best, loops = {}, {}
+    for _ in range(rounds):
+        for anchors, stride in REPLAY_MODES:
+            res = pipeline.run(replace(cfg, replay=replace(cfg.replay, anchors=anchors, tf_stride=stride)))
+            best[anchors, stride] = min(best.get((anchors, stride), float("inf")), res.timings["replay"])
+            t = res.total
+            loops[anchors, stride] = (t.steps, t.committed, t.committed_uncapped, t.accepted_at_pos, t.commit_hist)
+    base, n = best["all", 1], int(res.metrics["new_tokens"])
+    lines = [f"replay modes ({int(res.metrics['prompts'])} prompts, {n} new tokens, τ {res.metrics['acceptance_length']:.3f}; best of {rounds}):"]
+    for (anchors, stride), sec in best.items():
+        same = "same loop counters as all" if loops[anchors, stride] == loops["all", 1] else "LOOP COUNTERS DIFFER FROM all"
+        lines.append(f"  replay.anchors={anchors} replay.tf_stride={stride}: {sec:.2f} s, {n / sec:.0f} tok/s, {sec / base:.2f}x all ({same})")
+    return "\n".join(lines)
+
+
 def random_target(shape: str, cache_dir: str, tokenizer) -> Path:
     """A random-weight target of `shape` saved once (bf16 safetensors) under <cache_dir>/bench/."""
     import transformers
@@ -241,7 +264,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=int, default=2, help="checkpoints in the sweep section")
     ap.add_argument("--online", type=int, default=12, help="prompts for the online loop")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, online, generation, scale")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, replay, online, generation, scale")
     ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES) + sorted(bench_scale.SHAPES),
                     help="the random target shape of the scale section")
     ap.add_argument("--scale-devices", default=None, help="VL shapes: devices to evaluate on, e.g. cuda,cpu (default: cuda if present, else cpu)")
@@ -282,7 +305,8 @@ def main() -> None:
             text, res, warm = sweep(cfg, a.sweep, a.overrides)
             report.append(text)
             print(text, flush=True)
-        for name, fn in (("online", lambda: online(cfg, res, warm, a.online)),
+        for name, fn in (("replay", lambda: replay_modes(cfg)),
+                         ("online", lambda: online(cfg, res, warm, a.online)),
                          ("generation", lambda: generation(cfg, res)),
                          ("scale", lambda: vl_scale(cfg, a) if vl else scale(cfg, res, a.scale, a.scale_prompts))):
             if name in skip:

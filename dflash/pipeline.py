@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -23,10 +24,10 @@ from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
-from dflash.stages.metrics import position_curves, summarize
+from dflash.stages.metrics import accuracy_se, position_curves, summarize
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
 from dflash.stages.references import ReferenceOptions, check_references, get_references
-from dflash.stages.replay import evaluate_sequence
+from dflash.stages.replay import ReplayOptions, prepare, replay_group
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
 from dflash.stages.served import served_metrics
 from dflash.stages.turns import expand, references_in_rounds, turn_of
@@ -140,24 +141,39 @@ def run_name(d: DrafterSchema, step: int | None = None) -> str:
 def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prompts: list[Prompt], ids: list[list[int]],
                    refs: list[list[int]], timings: dict[str, float]) -> list[PromptResult]:
     """Features (one truncated target pass per prompt + reference, or the feature cache) then the
-    replay of every prompt, one prompt at a time (features are never all held at once)."""
-    backend, layer_ids = cfg.attention.drafter, drafter.model.cfg.target_layer_ids
+    replay, in groups of prompts whose drafter context K/V fit replay.context_gb (`all` mode: one prompt
+    per group; the taps are dropped once a prompt's K/V exist, so features are never all held at once)."""
+    layer_ids, rp = drafter.model.cfg.target_layer_ids, cfg.replay
     chunk = int(cfg.anchors_per_chunk or (256 if target.device.type == "cuda" else 32))
-    fstats, out = FeatureStats(), []
+    opt = ReplayOptions(rp.anchors, rp.tf_stride, chunk, cfg.attention.drafter, cfg.scores)
+    fstats, out, group = FeatureStats(), [], []
     feats = iter_features(target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features))
+
+    def flush(bar: Progress) -> None:
+        with timed(timings, "replay"):
+            t0 = time.perf_counter()
+            done = replay_group(drafter.model, target, [s for _, s in group], opt)
+            wall = time.perf_counter() - t0
+        leaks = [None] * len(group)
+        if cfg.leak_probe:
+            with timed(timings, "leak_probe"):
+                leaks = [c for c, _ in replay_group(drafter.model, target, [s for _, s in group], replace(opt, see_anchor=True))]
+        n = sum(len(r) for (_, _, r), _ in group)
+        for ((p, x, r), _), (c, blocks), leak in zip(group, done, leaks):
+            c.wall_s = wall * len(r) / max(n, 1)  # a lockstep group's time, shared by new tokens
+            out.append(PromptResult(p, x, r, c, blocks, leak))
+        bar.update(n)
+        group.clear()
+
     with Progress("replay", total=sum(map(len, refs)), unit="tok") as bar:
         for p, x, r, f in zip(prompts, ids, refs, feats):
-            taps = f.taps(layer_ids)  # [T, n*H]
             with timed(timings, "replay"):
-                t0 = time.perf_counter()
-                c, blocks = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, scores=cfg.scores)
-                c.wall_s = time.perf_counter() - t0
-            leak = None
-            if cfg.leak_probe:
-                with timed(timings, "leak_probe"):
-                    leak = evaluate_sequence(drafter.model, target, x, r, taps, backend, chunk, see_anchor=True)[0]
-            out.append(PromptResult(p, x, r, c, blocks, leak))
-            bar.update(len(r))
+                seq = prepare(drafter.model, target, x, r, f.taps(layer_ids))  # the taps [T, n*H] -> the drafter's context K/V
+            group.append(((p, x, r), seq))
+            if rp.anchors == "all" or sum(s.nbytes for _, s in group) >= rp.context_gb * 1e9 or len(group) >= chunk:
+                flush(bar)
+        if group:
+            flush(bar)
     timings["features"] = fstats.seconds
     return out
 
@@ -211,7 +227,7 @@ def run(cfg: EvalConfig) -> EvalResult:
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
-    curves = position_curves(total)
+    curves = {**position_curves(total), "accuracy_se": accuracy_se([c for _, c in per_prompt])}
     if cfg.leak_probe:
         lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
@@ -227,7 +243,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
         stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
         drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
-        linear_attention_kernel=linear_attention_kernel(target.model),
+        linear_attention_kernel=linear_attention_kernel(target.model), replay_anchors=cfg.replay.anchors, tf_stride=cfg.replay.tf_stride,
     )
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]

@@ -131,6 +131,21 @@ class FeaturesConfig:
 
 
 @dataclass
+class ReplayConfig:
+    anchors: str = "visited"  # visited: draft only the anchors the loop visits (+ the teacher-forced ones) | all: every anchor
+    tf_stride: int = 1  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor
+    context_gb: float = 1.0  # visited: the drafter's context keys/values held for one lockstep group of prompts
+
+    def __post_init__(self) -> None:
+        if self.anchors not in ("visited", "all", "???"):
+            raise ConfigError(f"replay.anchors={self.anchors!r}: use visited (only the anchors the loop visits) or all (every anchor)")
+        if isinstance(self.tf_stride, int) and self.tf_stride < 1:
+            raise ConfigError(f"replay.tf_stride={self.tf_stride}: use 1 (teacher-forced accuracy at every anchor) or more (every s-th anchor)")
+        if isinstance(self.context_gb, (int, float)) and self.context_gb <= 0:
+            raise ConfigError(f"replay.context_gb={self.context_gb}: use a positive size in GB (e.g. 1)")
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     uri: str = "sqlite:///mlflow.db"
@@ -147,6 +162,7 @@ class EvalConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = ".cache"
     seed: int = 0

@@ -46,10 +46,14 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     if scored:
         lines.append(f"NLL of the reference token (tf, nats): {fmt(g('nll_mean'))} ± {fmt(g('nll_mean_se'))}   "
                      f"overconfidence (confidence - accuracy): {fmt(g('overconfidence'), '+.3f')}")
-    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)" + ("   nll(tf)  confidence" if scored else ""))
+    stride = info.tf_stride
+    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)   ± se" + ("   nll(tf)  confidence" if scored else ""))
+    se = cv.get("accuracy_se") or [None] * len(cv["accuracy"])
     for k, (a, c, t) in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"]), start=1):
         extra = f"  {fmt(cv['nll'][k - 1]):>8}  {fmt(cv['confidence'][k - 1]):>10}" if scored else ""
-        lines.append(f"{k:>3}   {fmt(a):>11}  {fmt(c):>12}  {fmt(t):>12}{extra}")
+        lines.append(f"{k:>3}   {fmt(a):>11}  {fmt(c):>12}  {fmt(t):>12}  {fmt(se[k - 1]):>5}{extra}")
+    if stride > 1:
+        lines.append(f"(accuracy(tf): every {stride}th anchor (replay.tf_stride={stride}), a systematic sample; ± se over prompts)")
     if any(v is None for v in cv["accept_rate_cond"]):
         lines.append("(-: undefined, 0/0: no verify step reached that slot)")
     ref = info.references
@@ -60,6 +64,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     if info.linear_attention_kernel or ref.engine:
         lines.append("; ".join(filter(None, [f"linear attention: {info.linear_attention_kernel}" if info.linear_attention_kernel else None,
                                             f"references engine: {ref.engine}" if ref.engine else None])))
+    lines.append(f"replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
     for s in res.samples[:1]:  # dflash.report.samples records
         lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")

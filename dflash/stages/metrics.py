@@ -10,7 +10,8 @@ Conventions (named here; dflash.tracking logs them under these names):
 - Per draft slot k = 1..B-1 (`position_curves`, one list per kind, index k-1):
   `accept_rate`: cumulative, accepted_at_pos[k] / steps (vLLM's);
   `accept_rate_cond`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B);
-  `accuracy`: teacher-forced, slot k right whatever the earlier slots, over every anchor;
+  `accuracy`: teacher-forced, slot k right whatever the earlier slots, over every anchor (every
+  `replay.tf_stride`-th with a stride: a systematic sample), `accuracy_se` its SE over prompts;
   with `scores=true` also `nll` (mean -log p of the reference token, nats) and `confidence`
   (mean top-1 probability). `commit_share`: per c = 1..B, the share of verify steps that committed c tokens.
 - `expected_acceptance_length`: 1 + Σ_k Π_{i<=k} accuracy_i.
@@ -179,6 +180,13 @@ def accept_rate_cond(c: Counters) -> list[Rate]:
 
 def accuracy(c: Counters) -> list[Rate]:
     return [ratio(h, t) for h, t in zip(c.tf_correct, c.tf_total)]
+
+
+def accuracy_se(per_prompt: list[Counters]) -> list[Rate]:
+    """Per slot, the SE of the teacher-forced accuracy with prompts as the sampling unit (`ratio_se`):
+    it holds the anchors' sampling too when only every tf_stride-th anchor was counted."""
+    K = per_prompt[0].block_size - 1
+    return [ratio_se([c.tf_correct[k] for c in per_prompt], [c.tf_total[k] for c in per_prompt]) for k in range(K)]
 
 
 def scored(c: Counters) -> bool:

@@ -49,6 +49,8 @@ class RunInfo:
     references: ReferenceStats
     drafter_config: dict[str, Any] = field(default_factory=dict)  # drafter_config.effective_config: what was evaluated
     linear_attention_kernel: str | None = None  # hybrid targets: the Gated DeltaNet layers' code (models.kernels), None for others
+    replay_anchors: str = "all"  # replay.anchors: which anchors were drafted (the τ counters are the same in every mode)
+    tf_stride: int = 1  # replay.tf_stride: teacher-forced statistics at every tf_stride-th anchor
 
 
 @dataclass
