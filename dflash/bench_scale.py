@@ -119,7 +119,8 @@ def _sync(device: str) -> None:
 
 def drafter_from_file(cfg: config_mod.EvalConfig, info: Any, where: Path) -> dict[str, float]:
     """drafter=init built (its random init), saved as an HF folder, then loaded back as a checkpoint evaluation loads it."""
-    from dflash.models.checkpoint import build_drafter, fit_drafter, save_hf_folder
+    from dflash.models.checkpoint import build_drafter, fit_drafter
+    from dflash.models.checkpoint_files import save_hf_folder
 
     device, dtype = pipeline.resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     out: dict[str, float] = {}

@@ -29,8 +29,8 @@ def test_batched_greedy_equals_single_and_hf_generate(qwen3_target):
 
 
 def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
-    """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
-    from dflash.models.decode import Generator
+    """The CUDA path (generator.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
+    from dflash.models.generator import Generator
 
     monkeypatch.setattr(generate, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
     seen = {}

@@ -5,7 +5,7 @@ Under greedy decoding DFlash is lossless, so the reference is exactly what specu
 would output; the replay (replay.py) walks the draft-verify loop against it.
 
 Sources:
-- `local`: batched greedy decoding with the target (on CUDA the static-cache engine of decode.py,
+- `local`: batched greedy decoding with the target (on CUDA the static-cache engine, dflash/models/generator.py;
   elsewhere a dynamic KV cache; left padding, stop at EOS per row).
 - `sglang`: an SGLang server's `/generate` with `input_ids` (token ids back); `openai`: an
   OpenAI-compatible `/v1/completions` (token ids where the server offers them, else re-tokenized
@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from dflash.models.decode import COMPILE_CHOICES
+from dflash.models.generator import COMPILE_CHOICES
 from dflash.models.sampling import Sampling
 from dflash.stages.generate import COMPILE_MIN_STEPS, greedy_generate
 from dflash.stages.served import Served
@@ -63,7 +63,7 @@ class ReferenceOptions(CallPolicy):
     url: str | None = None
     model: str | None = None  # openai: the served model name
     batch_size: int = 16  # local: prompts per batch
-    compile: bool | str = "auto"  # local on CUDA: inductor before the CUDA graph capture; auto: when the work pays for it (decode.choose_compile)
+    compile: bool | str = "auto"  # local on CUDA: inductor before the CUDA graph capture; auto: when the work pays for it (generator.choose_compile)
     compile_min_steps: int = COMPILE_MIN_STEPS  # auto compiles from this many decode steps (the measured break-even)
     use_cache: bool = True  # false: neither read nor write the cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
