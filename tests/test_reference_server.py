@@ -309,7 +309,7 @@ def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake
 
 def test_abort_wakes_a_call_blocked_after_the_headers(fake):
     """http.client drops conn.sock once an answer will close the connection: close() must still reach the socket."""
-    from dflash.stages.server import CallPolicy, Client
+    from dflash.stages.client import CallPolicy, Client
 
     fake.fault = lambda kind, body: "stall_body"
     client, got = Client(fake.url, CallPolicy(read_timeout_s=20, deadline_s=30, retries=0)), []

@@ -12,8 +12,9 @@ import subprocess
 import pytest
 import torch
 
-from dflash.stages import generate, references
-from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate, reference_key
+from dflash.stages import generate, reference_cache, references
+from dflash.stages.reference_cache import reference_key
+from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate
 from dflash.util.files import atomic_write_text
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22]]
@@ -150,7 +151,7 @@ def test_interrupted_generation_resumes_with_what_is_missing(qwen3_target, tmp_p
 @pytest.fixture(params=["immutable", "injected"])
 def make_read_only(request, monkeypatch):
     """Make <root>/references unwritable, root included: `chattr +i` (binds root) where it works,
-    else every write of the references module fails with EROFS."""
+    else every write of the reference cache fails with EROFS."""
     made = []
 
     def make(root):
@@ -163,7 +164,7 @@ def make_read_only(request, monkeypatch):
             def refuse(path, text):
                 raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-            monkeypatch.setattr(references, "atomic_write_text", refuse)
+            monkeypatch.setattr(reference_cache, "atomic_write_text", refuse)
 
     yield make
     for tree in made:
