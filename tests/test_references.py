@@ -201,3 +201,28 @@ def test_bad_options_are_config_errors(qwen3_target, tmp_path):
         get_references(qwen3_target, PROMPTS[:1], 0, {}, tmp_path)
     with pytest.raises(TypeError):  # a misspelt option is not silently ignored
         get_references(qwen3_target, PROMPTS[:1], 4, {}, tmp_path, deadline=3)
+
+
+def test_reference_options_are_the_schema_fields_and_keys_stay(tmp_path):
+    """One declaration of the references.* options (config.schema.ReferencesConfig): ReferenceOptions adds
+    checks, no field; a server client takes the same object as its call policy. The cache keys of local
+    references, greedy and sampled, are those computed before the options were merged (cached references stay valid)."""
+    import types
+    from dataclasses import fields
+
+    from dflash.config.schema import ReferencesConfig
+    from dflash.stages.client import Client
+    from dflash.stages.references import ReferenceOptions
+
+    assert ReferenceOptions.__dataclass_fields__ is ReferencesConfig.__dataclass_fields__  # not re-declared
+    assert ReferenceOptions(**vars(ReferencesConfig(retries=1))) == ReferenceOptions(retries=1)
+    assert Client("http://127.0.0.1:9", ReferenceOptions(retries=1)).policy.retries == 1
+    assert [f.name for f in fields(ReferenceOptions)][:3] == ["source", "url", "model"]
+    t = types.SimpleNamespace(identity="pinned-target", eos_ids=[2], vocab_size=100)  # all a local plan reads of the target
+    greedy = check_references(t, [[5, 9, 11], [7]], 6, {"enable_thinking": False}, tmp_path, "bfloat16").keys
+    sampled = check_references(t, [[5, 9, 11], [7]], 6, {"enable_thinking": False}, tmp_path, "bfloat16",
+                               options=ReferenceOptions(temperature=1.0, top_p=0.9, top_k=5, seed=3)).keys
+    assert greedy == ["37083b6d334302119ec4fd897421a060eccad31f87dd7c56cd2745b0c9b12b15",
+                      "33fc33584f6257b2b4cf5c19f9a0ee0126b8b155c9bf5fc7dd7edc9aaf58bb54"]
+    assert sampled == ["7ecc92528c4f08f5ed6b389fc328a6c48ac7151de529307f25ce0c8e8578a5a6",
+                       "0674538aae6d30770d0790046e4e030a46fa6b46679f4f62560e9688b7ea36eb"]

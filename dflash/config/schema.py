@@ -99,7 +99,7 @@ class DeviceConfig:
 
 
 @dataclass
-class ReferencesConfig:  # dflash.stages.references.ReferenceOptions checks every field
+class ReferencesConfig:  # every references.* option, declared here only: dflash.stages.references.ReferenceOptions adds their checks
     source: str = "local"  # local | sglang | openai
     url: Optional[str] = None
     model: Optional[str] = None  # openai: the served model name

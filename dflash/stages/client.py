@@ -1,6 +1,7 @@
 """One JSON call to a reference server over HTTP, under a deadline (standard library only).
 
-`Client` makes one JSON call under a `CallPolicy`:
+`Client` makes one JSON call under the `references.*` call policy (`connect_timeout_s`, `read_timeout_s`,
+`deadline_s`, `retries`, `backoff_s`: declared in dflash.config.schema.ReferencesConfig):
 - a connect timeout, a read timeout (the longest the server may stay silent) and a total deadline
   per call, retries and back-off included. Every socket read waits at most what is left of the
   deadline, so a server that trickles a byte at a time cannot hold a call past it;
@@ -20,23 +21,14 @@ import socket
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
+from dflash.config.schema import ReferencesConfig
 from dflash.util.errors import ReferenceError
 from dflash.util.progress import log
 
 SNIPPET = 300  # characters of an answer shown in a message
 RETRY_STATUS = (429, 500, 502, 503, 504)  # worth another attempt (501, 505: the server never will)
-
-
-@dataclass
-class CallPolicy:
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 300.0  # a non-streaming answer arrives whole: this bounds one prompt's generation
-    deadline_s: float = 600.0  # one call in all, retries and back-off included
-    retries: int = 3
-    backoff_s: float = 1.0
 
 
 def snippet(body: bytes | str, n: int = SNIPPET) -> str:
@@ -62,7 +54,7 @@ class _Fatal(Exception):
 
 
 class Client:
-    def __init__(self, url: str, policy: CallPolicy):
+    def __init__(self, url: str, policy: ReferencesConfig):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ReferenceError(f"references.url={url!r} is not an http(s) URL; e.g. references.url=http://127.0.0.1:30000")

@@ -33,6 +33,7 @@ reports how well the server's references agree with them (`ReferenceStats.metric
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +41,11 @@ from typing import Any
 
 import torch
 
+from dflash.config.schema import ReferencesConfig
 from dflash.models.generator import COMPILE_CHOICES
 from dflash.models.sampling import Sampling
-from dflash.stages.client import CallPolicy, snippet
-from dflash.stages.generate import COMPILE_MIN_STEPS, greedy_generate
+from dflash.stages.client import snippet
+from dflash.stages.generate import greedy_generate
 from dflash.stages.reference_cache import ReferenceCache, completion_problem, reference_key
 from dflash.stages.served import Served
 from dflash.stages.server import Server, server_generate
@@ -53,25 +55,10 @@ from dflash.util.progress import log
 SOURCES = ("local", "sglang", "openai")
 
 
-@dataclass
-class ReferenceOptions(CallPolicy):
-    """The `references.*` config fields (dflash.config.schema.ReferencesConfig), server call policy included."""
-
-    source: str = "local"
-    url: str | None = None
-    model: str | None = None  # openai: the served model name
-    batch_size: int = 16  # local: prompts per batch
-    compile: bool | str = "auto"  # local on CUDA: inductor before the CUDA graph capture; auto: when the work pays for it (generator.choose_compile)
-    compile_min_steps: int = COMPILE_MIN_STEPS  # auto compiles from this many decode steps (the measured break-even)
-    use_cache: bool = True  # false: neither read nor write the cache
-    refresh: bool = False  # regenerate every reference and overwrite its cache entry
-    concurrency: int = 8  # server: requests in flight at once
-    probe_prompts: int = 0  # server: prompts also generated locally to measure agreement (0: off)
-    probe_min_agreement: float = 0.9  # warn when the token agreement before the first divergence is below
-    temperature: float = 0.0  # 0: greedy; > 0: sampled under z-lab's convention (dflash/models/sampling.py)
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int = 0
+class ReferenceOptions(ReferencesConfig):
+    """The `references.*` options with their checks. The fields are ReferencesConfig's
+    (dflash/config/schema.py), declared there only: a new option is one field there (plus its rule
+    in `validate`). The same object is the server client's call policy."""
 
     @property
     def sampling(self) -> Sampling:
@@ -246,8 +233,7 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     k = min(o.probe_prompts, len(prompts))
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
-    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh, compile=o.compile,
-                          compile_min_steps=o.compile_min_steps, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
+    lo = dataclasses.replace(o, source="local", probe_prompts=0)  # the same options, generated here
     local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
@@ -270,11 +256,6 @@ def get_references(
     max_new_tokens: int,
     template: dict[str, Any],
     cache_dir: str | Path,
-    source: str = "local",
-    batch_size: int = 16,
-    url: str | None = None,
-    model: str | None = None,
-    use_cache: bool = True,
     *,
     names: list[str] | None = None,
     server: Server | None = None,
@@ -285,8 +266,7 @@ def get_references(
     names: prompt ids for messages; server: the pre-flight's (`check_references(...).server`);
     options: the `references.*` fields as one ReferenceOptions (passed whole; else built from the
     keyword fields)."""
-    o = options if options is not None else ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache,
-                                                             **fields)
+    o = options if options is not None else ReferenceOptions(**fields)
     labels = _names(len(prompts), names)
     refs, stats = _references(target, prompts, max_new_tokens, template, cache_dir, o, labels, server)
     if o.probe_prompts and o.source != "local" and prompts:

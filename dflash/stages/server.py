@@ -16,8 +16,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable
 
+from dflash.config.schema import ReferencesConfig
 from dflash.models.sampling import Sampling
-from dflash.stages.client import CallPolicy, Client, HTTPError, snippet
+from dflash.stages.client import Client, HTTPError, snippet
 from dflash.stages.served import Served, sglang_served, vllm_served
 from dflash.util.errors import ReferenceError
 from dflash.util.progress import Progress, log
@@ -28,7 +29,7 @@ class Server:
 
     kind = ""
 
-    def __init__(self, url: str, model: str | None, policy: CallPolicy):
+    def __init__(self, url: str, model: str | None, policy: ReferencesConfig):
         self.client = Client(url, policy)
         self.model = model
         self.reported: dict[str, Any] = {}
@@ -37,7 +38,7 @@ class Server:
         self.served: dict[tuple[int, ...], Served | None] = {}  # prompt ids -> the answer's speculative counters (dflash.stages.served)
 
     @staticmethod
-    def open(source: str, url: str | None, model: str | None, policy: CallPolicy) -> "Server":
+    def open(source: str, url: str | None, model: str | None, policy: ReferencesConfig) -> "Server":
         """Connect and ask what the server serves (a cheap GET): the pre-flight check."""
         kinds = {"sglang": SGLang, "openai": OpenAI}
         if source not in kinds:
@@ -123,7 +124,7 @@ class SGLang(Server):
 class OpenAI(Server):
     kind = "openai"
 
-    def __init__(self, url: str, model: str | None, policy: CallPolicy):
+    def __init__(self, url: str, model: str | None, policy: ReferencesConfig):
         base = url.rstrip("/")
         super().__init__(base[: -len("/v1")] if base.endswith("/v1") else base, model, policy)
         self.token_ids = True  # ask for token ids (vLLM >= 0.10.2); dropped if the server refuses the field
