@@ -1,4 +1,4 @@
-"""The static-cache engine (decode.py) on CPU, float32: greedy generation equals transformers'
+"""The static-cache engine (decode.py, and generator.py on it) on CPU, float32: greedy generation equals transformers'
 `generate` token for token (tiny Qwen3 and Qwen3.5 text decoder; SmolLM2, slow; prompts of
 different lengths in one batch, EOS mid-batch), the hybrid rollback puts Gated DeltaNet state back
 where a fresh prefill over the kept tokens leaves it, and what the engine cannot run is refused."""
