@@ -16,14 +16,15 @@ at most `max_new_tokens`, token ids inside the target's vocabulary, and ending a
 target's stop tokens or at exactly `max_new_tokens`. A server answer that fails is a ReferenceError
 naming the prompt, and nothing of it is cached; a cached entry that fails is regenerated.
 
-Cache (dflash/stages/reference_cache.py): one JSON file per reference under `<cache_dir>/references/`,
-named by the sha256 of all that decides it: target identity, source (`local` with the target's dtype;
-for a server, the model it reports and the request it gets, not its URL), rendered prompt ids,
-max_new_tokens, template options. Each is written atomically as its prompt finishes (local: as each row of a
-batch stops, on CPU; per batch with CUDA's static-cache engine; server: as each answer arrives and
-passes), so an interrupted run resumes where it stopped. Files and folders follow the umask. A
-read-only cache is used read-only (with a warning) when it holds every reference needed, and is a
-ReferenceError before any generation when it does not. `refresh=true` regenerates and overwrites.
+Cache (dflash/stages/reference_cache.py): one JSON file per reference under
+`<cache_dir>/references/`, named by the sha256 of all that decides it: target identity, source
+(`local` with the target's dtype; for a server, the model it reports and the request it gets, not
+its URL), rendered prompt ids, max_new_tokens, template options. Each is written atomically as its
+prompt finishes (local: as each row of a batch stops, on CPU; per batch with CUDA's static-cache
+engine; server: as each answer arrives and passes), so an interrupted run resumes where it stopped.
+Files and folders follow the umask. A read-only cache is used read-only (with a warning) when it
+holds every reference needed, and is a ReferenceError before any generation when it does not.
+`refresh=true` regenerates and overwrites.
 
 `check_references` is the pre-flight (run before the target's weights load, on a `TargetInfo`):
 options, server reachable and its model known, cache writable or complete. `get_references` does
