@@ -63,7 +63,7 @@ def test_tau_at_t0_and_t1_in_one_sweep(tmp_path):
     r = evaluate(tmp_path, "-m", "references.temperature=0,1", "prompts=gsm8k", f"prompts.path={tmp_path}/data/gsm8k", "prompts.num_prompts=2",
                  *SHORT)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "greedy" in r.stdout and "z-lab sampled (T=1.0" in r.stdout
+    assert "greedy" in r.stdout and "z-lab sampled (T=1, top_p=1, top_k=0, seed=0;" in r.stdout
     parent, kids = _kids(tmp_path)
     assert parent.info.status == "FINISHED" and sorted(k.data.params["references.temperature"] for k in kids) == ["0.0", "1.0"]
     note = parent.data.tags["mlflow.note.content"]
