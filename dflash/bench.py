@@ -43,11 +43,11 @@ import torch
 from dflash import bench_scale, pipeline
 from dflash.config import schema as config_mod
 from dflash.models import target as target_mod
-from dflash.models.checkpoint import find_path, list_steps
+from dflash.models.checkpoint_files import list_steps
 from dflash.online.speed import bench_generation, bench_online, format_generation, format_online
 from dflash.stages import features
 from dflash.stages.result import EvalResult
-from dflash.util.files import atomic_dir
+from dflash.util.files import atomic_dir, find_path
 from dflash.util.memo import PROCESS
 from dflash.util.progress import configure, log
 

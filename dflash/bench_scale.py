@@ -22,7 +22,6 @@ the per-token costs measured here (DFLASH.md §7: 2048 new tokens, 128 prompts p
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -37,6 +36,7 @@ import torch
 
 from dflash import pipeline
 from dflash.config import schema as config_mod
+from dflash.util.files import atomic_dir, remove_stale
 from dflash.util.progress import log
 
 SHAPES: dict[str, dict[str, Any]] = {  # Qwen3.5 / 3.6-27B's config.json (text and vision), as transformers' Qwen3_5Config takes it
@@ -76,8 +76,8 @@ def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
     with torch.device(dev):
         model = Qwen3_5ForConditionalGeneration._from_config(config, dtype=torch.bfloat16).eval()
     built = time.perf_counter() - t0
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+    for d in remove_stale(folder):
+        log.info("scale: removed %s, left by a process that was killed", d)
     sd = model.state_dict()
     shards: list[list[str]] = [[]]
     size = 0
@@ -87,18 +87,18 @@ def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
             size = 0
         shards[-1].append(k)
         size += v.numel() * v.element_size()
-    index: dict[str, str] = {}
-    for i, keys in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({k: sd[k].detach().to("cpu").contiguous() for k in keys}, str(tmp / name), metadata={"format": "pt"})
-        index.update({k: name for k in keys})
     total = sum(v.numel() * v.element_size() for v in sd.values())
-    (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
-    config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     params = sum(v.numel() for v in sd.values())
+    with atomic_dir(folder, replace=True) as tmp:  # renamed when complete; modes follow the umask; a folder without config.json is replaced
+        index: dict[str, str] = {}
+        for i, keys in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file({k: sd[k].detach().to("cpu").contiguous() for k in keys}, str(tmp / name), metadata={"format": "pt"})
+            index.update({k: name for k in keys})
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     del model, sd
-    os.rename(tmp, folder)
     log.info("scale: %s written to %s: %.2fB parameters, %.1f GB, built in %.1f s on %s, %.1f s in all", shape, folder, params / 1e9, total / 1e9,
              built, dev, time.perf_counter() - t0)
     return folder
@@ -119,7 +119,8 @@ def _sync(device: str) -> None:
 
 def drafter_from_file(cfg: config_mod.EvalConfig, info: Any, where: Path) -> dict[str, float]:
     """drafter=init built (its random init), saved as an HF folder, then loaded back as a checkpoint evaluation loads it."""
-    from dflash.models.checkpoint import build_drafter, fit_drafter, save_hf_folder
+    from dflash.models.checkpoint import build_drafter, fit_drafter
+    from dflash.models.checkpoint_files import save_hf_folder
 
     device, dtype = pipeline.resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     out: dict[str, float] = {}

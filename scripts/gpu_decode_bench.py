@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from dflash.models.decode import generate  # noqa: E402
 from dflash.models.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
+from dflash.models.generator import generate  # noqa: E402
 from dflash.models.target import Target  # noqa: E402
 from dflash.online.speculative import speculative_generate  # noqa: E402
 from dflash.online.speed import bench_generation, bench_online, format_generation, format_online  # noqa: E402

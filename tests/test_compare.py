@@ -173,3 +173,24 @@ def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
     assert logged == {f"compare/{n}" for n in written}
     assert main(["a@step_1", "a@step_2", "--uri", uri, "--log-to", "0" * 32]) == 2
     assert "no run '" + "0" * 32 in capsys.readouterr().err
+
+
+def test_published_tau_only_for_a_public_drafter_on_its_own_target():
+    from dflash.report.console import sweep_markdown
+    from dflash.report.sweep import published_tau
+
+    pub = {"drafter.path": "/models/Qwen3-8B-DFlash-b16", "target.name": "qwen3_8b", "prompts.source": "gsm8k"}
+    assert published_tau(pub) == 6.55 and published_tau({**pub, "references.temperature": "1.0"}) == 6.04
+    assert published_tau({**pub, "target.name": "local", "target.path": "/m/Qwen3-8B"}) == 6.55  # a local folder of that name
+    assert published_tau({**pub, "prompts.source": "aime24", "references.temperature": "1"}) is None  # none published at T=1
+    assert published_tau({**pub, "target.name": "smollm2_135m"}) is None  # the public drafter's name on another target
+    assert published_tau({**pub, "drafter.path": "/ckpts/mine"}) is None
+    kids = [Child(f"Qwen3-8B-DFlash-b16 {d}", f"id{d}", {"prompts": d}, _rows(4), {**pub, "prompts.source": d}) for d in ("gsm8k", "mt_bench")]
+    table = sweep_table(kids)
+    assert [(r["prompts"], r["dataset"], r["published_tau"], r["num_prompts"]) for r in table] == [("gsm8k", "gsm8k", 6.55, len(kids[0].rows)),
+                                                                                                   ("mt_bench", "mt_bench", 4.25, len(kids[1].rows))]
+    md = sweep_markdown("sweep", table, [], "FINISHED")
+    assert "| run | prompts | τ ± SE | published τ |" in md and "| gsm8k | " in md and "| 6.550 |" in md and "| 4.250 |" in md
+    one = sweep_markdown("sweep", sweep_table([Child("a", "i", {"references.temperature": t}, _rows(4), {**pub, "references.temperature": t})
+                                               for t in ("0", "1")]), [], "FINISHED")
+    assert "| run | references.temperature | data set | τ ± SE | published τ |" in one and "| 6.040 |" in one

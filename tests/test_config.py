@@ -228,6 +228,7 @@ def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
         (["~drafter.sed"], None),
         (["drafter=init", "drafter.seed=1"], None),
         (["hydra.job.chdir=true", "hydra/launcher=joblib"], None),
+        (["-m", "suite=zlab", "prompts.data_dir=/data"], None),  # a group at _global_ (it sets the sweep), no key of the schema
         (["-m", "drafter.step=1,2", "+target.template.thinking=true"], "target.template.thinking"),
     ],
 )

@@ -1,4 +1,4 @@
-"""The static-cache engine (decode.py) on CPU, float32: greedy generation equals transformers'
+"""The static-cache engine (decode.py, and generator.py on it) on CPU, float32: greedy generation equals transformers'
 `generate` token for token (tiny Qwen3 and Qwen3.5 text decoder; SmolLM2, slow; prompts of
 different lengths in one batch, EOS mid-batch), the hybrid rollback puts Gated DeltaNet state back
 where a fresh prefill over the kept tokens leaves it, and what the engine cannot run is refused."""
@@ -6,7 +6,8 @@ where a fresh prefill over the kept tokens leaves it, and what the engine cannot
 import pytest
 import torch
 
-from dflash.models.decode import Engine, Generator, generate
+from dflash.models.decode import Engine
+from dflash.models.generator import Generator, generate
 from dflash.util.errors import TargetError
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22], [40, 41, 42, 43, 44, 45, 46, 47, 48], [3]]

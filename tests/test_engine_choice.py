@@ -7,7 +7,7 @@ import types
 import pytest
 
 from dflash.models import kernels
-from dflash.models.decode import choose_compile, decode_steps
+from dflash.models.generator import choose_compile, decode_steps
 from dflash.stages import generate
 from dflash.stages.references import ReferenceOptions, ReferenceStats, greedy_generate
 from dflash.util.errors import ConfigError

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.models.checkpoint import save_training_checkpoint
+from dflash.models.checkpoint_files import save_training_checkpoint
 from dflash.models.drafter import DFlashDrafter, DrafterConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -173,7 +173,8 @@ def test_a_reused_sweep_folder_starts_a_new_parent(tmp_path, qwen3_dir):
 
 
 def _hf_drafter_with(tmp: Path, target: Path, key: str, value) -> Path:
-    from dflash.models.checkpoint import init_config, save_hf_folder
+    from dflash.models.checkpoint import init_config
+    from dflash.models.checkpoint_files import save_hf_folder
     from dflash.models.drafter import DFlashDrafter
     from dflash.models.target import load_target
 

@@ -72,3 +72,15 @@ def test_feature_and_target_caches_follow_the_umask(qwen3_target, qwen3_dir, tmp
         Qwen3ForCausalLM.from_pretrained(qwen3_dir).save_pretrained(tmp)  # safetensors writes 0600 files
     copy = tmp_path / "targets" / "copy"
     assert mode(copy) == 0o777 & ~umask and {mode(p) for p in copy.iterdir()} == {0o666 & ~umask}
+
+
+def test_the_scale_bench_checkpoint_is_written_atomically_following_the_umask(tmp_path, umask, tokenizer):
+    """bench_scale.build_vl (the random 27B-shaped folder, here its tiny shape) writes through atomic_dir: no 0700 temp
+    folder, no 0600 shards (safetensors' own mode), no temporary name left; a second call finds it built."""
+    from dflash.bench_scale import build_vl
+
+    folder = build_vl("tiny_vl", tmp_path / "bench" / "tiny_vl", tokenizer)
+    assert [p.name for p in (tmp_path / "bench").iterdir()] == ["tiny_vl"]
+    assert mode(folder) == 0o777 & ~umask and {mode(p) for p in folder.iterdir()} == {0o666 & ~umask}
+    built = (folder / "config.json").stat().st_mtime_ns
+    assert build_vl("tiny_vl", folder, tokenizer) == folder and (folder / "config.json").stat().st_mtime_ns == built

@@ -60,3 +60,21 @@ def test_sweep_and_compare_plots_are_pngs(counters):
     png_size(plots.tau_png(["fixed", "final_layer"], [1.79, 1.56], [0.07, 0.06]))
     png_size(plots.curves_png({"a": position_curves(counters)["accept_rate"], "b": [0.4, math.nan, None] + [0.0] * 12}, "cumulative acceptance"))
     png_size(plots.gaps_png([{"metric": "acceptance_length", "diff": -0.2, "se": 0.02}, {"metric": "accuracy/pos_01", "diff": 0.01, "se": 0.0}]))
+
+
+@pytest.mark.parametrize("swept", [True, False])
+def test_tau_plot_leaves_a_gap_where_tau_is_undefined(swept):
+    """tau.png over steps (x = the swept value) or over runs: a run with no verify step (τ None, SE None) is a gap
+    in the line, with no point, no error bar and no label; nothing is drawn at 0 for it."""
+    labels, taus, ses = ["a@step_1", "a@step_2", "a@step_3", "a@step_4"], [1.5, None, 1.7, 1.6], [0.05, None, 0.06, None]
+    fig = plots.tau_figure(labels, taus, ses, x=[1, 2, 3, 4] if swept else None, xlabel="drafter.step")
+    ax = fig.axes[0]
+    line, caps, (bars,) = ax.containers[0].lines
+    y = list(line.get_ydata())
+    assert y[0] == 1.5 and y[2:] == [1.7, 1.6] and math.isnan(y[1])  # the undefined point: NaN, which matplotlib leaves out
+    assert list(line.get_xdata()) == ([1, 2, 3, 4] if swept else [0, 1, 2, 3])  # every run keeps its place on the axis
+    assert [len(s) for s in bars.get_segments()] == [2, 0, 2, 0]  # an error bar only where an SE is defined
+    assert ax.get_ylim()[0] > 0.5  # nothing at 0: the axis spans the measured τ (and the 1 = plain decoding line) only
+    if swept:
+        assert [t.get_text() for t in ax.texts] == ["a@step_1", "a@step_3", "a@step_4"]  # no label on the gap
+    png_size(plots.tau_png(labels, taus, ses, x=[1, 2, 3, 4] if swept else None))

@@ -309,10 +309,11 @@ def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake
 
 def test_abort_wakes_a_call_blocked_after_the_headers(fake):
     """http.client drops conn.sock once an answer will close the connection: close() must still reach the socket."""
-    from dflash.stages.server import CallPolicy, Client
+    from dflash.config.schema import ReferencesConfig
+    from dflash.stages.client import Client
 
     fake.fault = lambda kind, body: "stall_body"
-    client, got = Client(fake.url, CallPolicy(read_timeout_s=20, deadline_s=30, retries=0)), []
+    client, got = Client(fake.url, ReferencesConfig(read_timeout_s=20, deadline_s=30, retries=0)), []
     th = threading.Thread(target=lambda: got.append(pytest.raises(ReferenceError, client.post, "/generate", {"input_ids": [5]})))
     th.start()
     time.sleep(0.5)

@@ -12,8 +12,9 @@ import subprocess
 import pytest
 import torch
 
-from dflash.stages import generate, references
-from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate, reference_key
+from dflash.stages import generate, reference_cache, references
+from dflash.stages.reference_cache import reference_key
+from dflash.stages.references import ReferenceError, check_references, get_references, greedy_generate
 from dflash.util.files import atomic_write_text
 
 PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22]]
@@ -29,8 +30,8 @@ def test_batched_greedy_equals_single_and_hf_generate(qwen3_target):
 
 
 def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
-    """The CUDA path (decode.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
-    from dflash.models.decode import Generator
+    """The CUDA path (generator.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
+    from dflash.models.generator import Generator
 
     monkeypatch.setattr(generate, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
     seen = {}
@@ -150,7 +151,7 @@ def test_interrupted_generation_resumes_with_what_is_missing(qwen3_target, tmp_p
 @pytest.fixture(params=["immutable", "injected"])
 def make_read_only(request, monkeypatch):
     """Make <root>/references unwritable, root included: `chattr +i` (binds root) where it works,
-    else every write of the references module fails with EROFS."""
+    else every write of the reference cache fails with EROFS."""
     made = []
 
     def make(root):
@@ -163,7 +164,7 @@ def make_read_only(request, monkeypatch):
             def refuse(path, text):
                 raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-            monkeypatch.setattr(references, "atomic_write_text", refuse)
+            monkeypatch.setattr(reference_cache, "atomic_write_text", refuse)
 
     yield make
     for tree in made:
@@ -200,3 +201,28 @@ def test_bad_options_are_config_errors(qwen3_target, tmp_path):
         get_references(qwen3_target, PROMPTS[:1], 0, {}, tmp_path)
     with pytest.raises(TypeError):  # a misspelt option is not silently ignored
         get_references(qwen3_target, PROMPTS[:1], 4, {}, tmp_path, deadline=3)
+
+
+def test_reference_options_are_the_schema_fields_and_keys_stay(tmp_path):
+    """One declaration of the references.* options (config.schema.ReferencesConfig): ReferenceOptions adds
+    checks, no field; a server client takes the same object as its call policy. The cache keys of local
+    references, greedy and sampled, are those computed before the options were merged (cached references stay valid)."""
+    import types
+    from dataclasses import fields
+
+    from dflash.config.schema import ReferencesConfig
+    from dflash.stages.client import Client
+    from dflash.stages.references import ReferenceOptions
+
+    assert ReferenceOptions.__dataclass_fields__ is ReferencesConfig.__dataclass_fields__  # not re-declared
+    assert ReferenceOptions(**vars(ReferencesConfig(retries=1))) == ReferenceOptions(retries=1)
+    assert Client("http://127.0.0.1:9", ReferenceOptions(retries=1)).policy.retries == 1
+    assert [f.name for f in fields(ReferenceOptions)][:3] == ["source", "url", "model"]
+    t = types.SimpleNamespace(identity="pinned-target", eos_ids=[2], vocab_size=100)  # all a local plan reads of the target
+    greedy = check_references(t, [[5, 9, 11], [7]], 6, {"enable_thinking": False}, tmp_path, "bfloat16").keys
+    sampled = check_references(t, [[5, 9, 11], [7]], 6, {"enable_thinking": False}, tmp_path, "bfloat16",
+                               options=ReferenceOptions(temperature=1.0, top_p=0.9, top_k=5, seed=3)).keys
+    assert greedy == ["37083b6d334302119ec4fd897421a060eccad31f87dd7c56cd2745b0c9b12b15",
+                      "33fc33584f6257b2b4cf5c19f9a0ee0126b8b155c9bf5fc7dd7edc9aaf58bb54"]
+    assert sampled == ["7ecc92528c4f08f5ed6b389fc328a6c48ac7151de529307f25ce0c8e8578a5a6",
+                       "0674538aae6d30770d0790046e4e030a46fa6b46679f4f62560e9688b7ea36eb"]

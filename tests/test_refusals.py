@@ -13,7 +13,8 @@ import pytest
 import torch
 from test_fidelity import weights, write_drafter
 
-from dflash.models.checkpoint import fit_drafter, read_drafter, save_hf_folder
+from dflash.models.checkpoint import fit_drafter, read_drafter
+from dflash.models.checkpoint_files import save_hf_folder
 from dflash.util.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Sampled references (temperature > 0, z-lab's convention): the position-keyed Gumbel-max sampler
 gives the same references whatever the batch size and padding, for a given seed; another seed (or
 temperature) is another cache entry; greedy (T=0) keys and outputs are unchanged; the static-cache
-engine (decode.Generator, run eagerly on CPU) samples exactly as the dynamic-cache path; options
+engine (generator.Generator, run eagerly on CPU) samples exactly as the dynamic-cache path; options
 are validated naming the key."""
 
 import pytest
@@ -36,7 +36,8 @@ def test_sampled_references_reproducible_across_batch_sizes(qwen3_target):
 
 
 def test_static_engine_samples_like_the_dynamic_path(qwen3_target):
-    from dflash.models.decode import Generator, unsupported
+    from dflash.models.decode import unsupported
+    from dflash.models.generator import Generator
 
     if unsupported(qwen3_target.config) is not None:
         pytest.skip("the static engine does not support this target")

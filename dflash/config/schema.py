@@ -99,7 +99,7 @@ class DeviceConfig:
 
 
 @dataclass
-class ReferencesConfig:  # dflash.stages.references.ReferenceOptions checks every field
+class ReferencesConfig:  # every references.* option, declared here only: dflash.stages.references.ReferenceOptions adds their checks
     source: str = "local"  # local | sglang | openai
     url: Optional[str] = None
     model: Optional[str] = None  # openai: the served model name
@@ -223,6 +223,9 @@ def check_schema(cfg: Any, schema: type = EvalConfig) -> None:
         raise _unknown_key_error(bad)
 
 
+GLOBAL_GROUPS = ("suite",)  # conf/ groups at @package _global_: they set hydra.* (a sweep's parameters), no key of the schema
+
+
 def check_overrides(args: list[str], schema: type = EvalConfig) -> None:
     """Refuse command-line overrides of keys the schema does not name, before Hydra composes anything
     (its own message would suggest `+key=...`, which the strict schema refuses too)."""
@@ -235,7 +238,7 @@ def check_overrides(args: list[str], schema: type = EvalConfig) -> None:
     tree: dict[str, Any] = {}
     for o in parsed:
         parts = o.key_or_group.split(".")
-        if parts[0] == "hydra" or "/" in o.key_or_group or o.package:
+        if parts[0] == "hydra" or "/" in o.key_or_group or o.package or o.key_or_group in GLOBAL_GROUPS:
             continue
         node = tree
         for part in parts[:-1]:

@@ -1,4 +1,4 @@
-"""Drafter checkpoints: read and check, fit to the target, build, save (DFLASH.md §5).
+"""Drafter checkpoints loaded in three phases: read and check, fit to the target, build (DFLASH.md §5).
 
 Loading runs in three phases, so a drafter that cannot work fails before the target's weights load:
 
@@ -12,14 +12,9 @@ Loading runs in three phases, so a drafter that cannot work fails before the tar
    a file gives) and assigned in the target's dtype beside the target's last layers.
 `load_drafter` runs all three.
 
-Kinds:
-- `training`: `<run_dir>/step_<N>/checkpoint.pt`, a torch pickle with the weights under a key
-  such as `model`, plus optimizer state, step and config. Loaded with `weights_only=True` (a
-  pickle that would run code is refused) and `mmap=True`; `module.` / `_orig_mod.` prefixes
-  stripped; optimizer state never touched. A `step_<N>/` folder holding the HF format
-  (config.json + safetensors) is accepted too; a folder holding both formats is refused.
-- `hf`: a public HF-format folder (config.json + model.safetensors).
-- `init`: deterministic random weights with the target's shapes (smoke runs, training start).
+Kinds: `training` (a `step_<N>/` of a training run: a torch pickle, or the HF format), `hf` (a
+public HF-format folder), `init` (deterministic random weights with the target's shapes: smoke
+runs, training start). Finding and reading (and writing) the files: dflash/models/checkpoint_files.py.
 
 Block size, taps and mask id come from the checkpoint's config; the `overrides` dict only fills
 what a checkpoint lacks. Tensors: every one the model needs must be there and finite, and every
@@ -30,27 +25,22 @@ from the config as SGLang ignores them).
 from __future__ import annotations
 
 import dataclasses
-import json
-import pickle
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from dflash.models.checkpoint_files import read_hf_folder, read_training_pickle, resolve_step
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
 from dflash.models.rope import rotary_parameters
 from dflash.models.weights import sha256_file
 from dflash.util.errors import CheckpointError
-from dflash.util.files import atomic_dir, atomic_write, find_path
+from dflash.util.files import find_path
 from dflash.util.progress import log
 
-WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
-PREFIXES = ("module.", "_orig_mod.")
-IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-PICKLES = ("checkpoint.pt", "*.bin", "*.pt", "*.pth")
+IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # transformers' rotary caches: recomputed from the config
 
 
 @dataclass
@@ -78,113 +68,7 @@ class LoadedDrafter:
     warnings: list[str] = field(default_factory=list)
 
 
-# --- finding and reading files ---------------------------------------------------------------------
-
-
-def list_steps(run_dir: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in run_dir.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name)))
-
-
-def _formats(folder: Path) -> tuple[list[Path], list[Path]]:
-    """(pickles, safetensors) in a folder; both at once is refused: which one is the drafter?"""
-    pickles = sorted({p for pat in PICKLES for p in folder.glob(pat)})
-    st = sorted(folder.glob("*.safetensors"))
-    if pickles and st:
-        raise CheckpointError(
-            f"{folder} holds both a torch pickle ({', '.join(p.name for p in pickles)}) and safetensors "
-            f"({', '.join(p.name for p in st)}): it is not clear which is the drafter. Keep one format in the folder "
-            "(move the other away): checkpoint.pt for a training checkpoint, config.json + model.safetensors for the HF format"
-        )
-    return pickles, st
-
-
-def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
-    """-> (file or folder of that step, step). step=None takes the latest."""
-    run = find_path(run_dir)
-    if not run.is_dir():
-        raise CheckpointError(f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders")
-    steps = list_steps(run)
-    if not steps:
-        raise CheckpointError(f"{run} holds no step_<N>/ folders; is drafter.run_dir right?")
-    if step is None:
-        step = steps[-1]
-    d = run / f"step_{step}"
-    if step not in steps:
-        raise CheckpointError(f"no checkpoint for step {step} in {run}; steps that exist: {', '.join(map(str, steps))}")
-    _formats(d)
-    if (d / "checkpoint.pt").is_file():
-        return d / "checkpoint.pt", step
-    if (d / "config.json").is_file():
-        return d, step
-    raise CheckpointError(f"{d} holds neither checkpoint.pt nor config.json + safetensors")
-
-
-def strip_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in sd.items():
-        changed = True
-        while changed:
-            changed = False
-            for p in PREFIXES:
-                if k.startswith(p):
-                    k, changed = k[len(p) :], True
-        out[k] = v
-    return out
-
-
-_LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)  # torch.save's pre-1.6 (non-zip) header
-
-
-def read_training_pickle(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    with open(path, "rb") as f:
-        head = f.read(len(_LEGACY_MAGIC))
-    if head == _LEGACY_MAGIC:
-        raise CheckpointError(
-            f"{path} is a legacy (non-zip) torch checkpoint, which cannot be memory-mapped. Convert it once with "
-            f"python -c \"import torch; torch.save(torch.load('{path}', weights_only=True), '{path}.zip.pt')\" "
-            "and evaluate the converted file (rename it checkpoint.pt)"
-        )
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # truncated, not a zip, unpickling refused (a pickle that would run code)...
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt or not a torch checkpoint"
-        ) from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
-    sd = next((obj[k] for k in WEIGHT_KEYS if isinstance(obj.get(k), dict)), None)
-    if sd is None and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        sd = obj  # a bare state dict
-    if sd is None:
-        raise CheckpointError(f"{path}: no weights found under any of {WEIGHT_KEYS}; keys are {sorted(obj)[:10]}")
-    cfg = obj.get("config") or obj.get("drafter_config") or {}
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: 'config' should be a dict, got {type(cfg).__name__}")
-    cfg = cfg.get("drafter", cfg) if isinstance(cfg.get("drafter"), dict) else cfg
-    return strip_prefixes(sd), cfg
-
-
-def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    from safetensors.torch import load_file
-
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{folder} has no config.json; a public DFlash drafter folder needs config.json + model.safetensors")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
-    pickles, files = _formats(folder)
-    if not files:
-        hint = f" ({pickles[0].name} is a torch pickle: save its state dict with safetensors.torch.save_file as model.safetensors)" if pickles else ""
-        raise CheckpointError(f"{folder} has no .safetensors weights{hint}")
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            sd.update(load_file(str(f)))
-        except Exception as e:
-            raise CheckpointError(f"cannot read {f}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt") from None
-    return strip_prefixes(sd), cfg
+# --- phase 1: read and check, no target ------------------------------------------------------------
 
 
 def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -> None:
@@ -211,9 +95,6 @@ def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -
     bad = [k for k in own if sd[k].is_floating_point() and not bool(torch.isfinite(sd[k]).all())]
     if bad:
         raise CheckpointError(f"{where}: non-finite weights (NaN or inf) in {bad[:6]}: the checkpoint is damaged (or training diverged)")
-
-
-# --- phase 1: read and check, no target ------------------------------------------------------------
 
 
 def read_drafter(
@@ -391,28 +272,3 @@ def load_drafter(
     """All three phases at once."""
     src = read_drafter(kind, name, run_dir=run_dir, step=step, path=path, overrides=overrides, init=init)
     return build_drafter(fit_drafter(src, target), sliding_window)
-
-
-# --- saving (the trainer writes what the loader reads) ----------------------------------------
-
-
-def save_hf_folder(model: DFlashDrafter, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """config.json + model.safetensors, written to a temp folder and renamed."""
-    from safetensors.torch import save_file
-
-    sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
-    with atomic_dir(folder, replace=True) as tmp:
-        save_file(sd, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2))
-
-
-def save_training_checkpoint(path: str | Path, model: DFlashDrafter, optimizer: Any, step: int, extra: dict[str, Any] | None = None) -> None:
-    """`<run_dir>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config; atomic."""
-    obj = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer else None,
-        "step": step,
-        "config": model.cfg.to_hf(),
-        **(extra or {}),
-    }
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))

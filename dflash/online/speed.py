@@ -7,7 +7,7 @@ and the online DFlash loop against target-only decoding. Returns plain dataclass
 
 Methods: `hf_dynamic` = `generate(do_sample=False)` with its default cache; `hf_static` = the same
 with `cache_implementation="static"` (transformers compiles its decoding step on CUDA); `engine` =
-`decode.Generator` (CUDA graphs; `engine+inductor` with compile=True); `dflash` = the online loop
+`generator.Generator` (CUDA graphs; `engine+inductor` with compile=True); `dflash` = the online loop
 (`speculative.OnlineDecoder`) at batch 1, whose baseline `target_only` is the engine at batch 1.
 Every method runs once untimed (compilation, capture, allocator warm-up: `setup_s`, reported
 apart), then once timed over the same prompts. Tokens are counted up to and including EOS.
@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.models.decode import Generator, length_batches
 from dflash.models.drafter import DFlashDrafter
+from dflash.models.generator import Generator, length_batches
 from dflash.models.target import Target
 from dflash.online.speculative import OnlineDecoder
 from dflash.util.progress import log

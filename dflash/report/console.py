@@ -109,18 +109,23 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
 
 
 def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[str], status: str, reason: str = "") -> str:
-    """A sweep parent's description: one row per child (dflash.compare.sweep_table), the failed jobs."""
-    swept = [k for k in (table[0] if table else {}) if k not in {"run", "tau", "tau_se", "prompts", "delta_tau", "delta_tau_se", "delta_tau_z",
-                                                             "paired_against", "note", "run_id", "dataset", "published_tau"}
-             and not k.startswith("tau/")]
+    """A sweep parent's description: one row per child (dflash.report.sweep.sweep_table), the failed jobs.
+    Columns: run, the swept values, the data set (prompts.source) unless `prompts` is swept, τ ± SE,
+    z-lab's published τ, Δτ ± paired SE against the first child that finished."""
+    fixed = {"run", "tau", "tau_se", "num_prompts", "delta_tau", "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id", "dataset",
+             "published_tau"}
+    swept = [k for k in (table[0] if table else {}) if k not in fixed and not k.startswith("tau/")]
+    if "prompts" not in swept and any(r.get("dataset") for r in table):
+        swept.append("dataset")
     base = next((r["paired_against"] for r in table if r.get("paired_against")), None)
     lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
     if table:
-        lines += [f"| run | {' | '.join(swept)} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
+        head = " | ".join("data set" if k == "dataset" else k for k in swept)
+        lines += [f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
                   "| --- |" + " --- |" * (len(swept) + 3)]
         first = next((i for i, r in enumerate(table) if r["tau"] is not None), None)  # what the others are paired against
         for i, r in enumerate(table):
-            vals = "".join(f" {r.get(k, '')} |" for k in swept)
+            vals = "".join(f" {r.get(k) or ''} |" for k in swept)
             delta = "baseline" if i == first else "-" if r["delta_tau"] is None else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}"
             tau = "- (no result)" if r["tau"] is None else f"{fmt(r['tau'])} ± {fmt(r['tau_se'])}"
             lines.append(f"| {r['run']} |{vals} {tau} | {fmt(r.get('published_tau'))} | {delta} |")

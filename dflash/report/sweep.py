@@ -2,10 +2,11 @@
 
 `Child.read` types what the store holds of a child (its per-prompt rows as `PromptRow`s, its target
 and dtype as a `RunIdentity`; rows an older dflash-eval logged are refused with a note);
-`sweep_table(children)`: per child the swept values, τ ± SE, τ per subset, and the paired Δτ and its
+`sweep_table(children)`: per child the swept values (a swept group such as `prompts` by its choice), τ ± SE, the
+prompts replayed (`num_prompts`), τ per subset, and the paired Δτ and its
 SE against the first child that finished, paired only where `compare.align` pairs them (else a note
 naming the prompts that differ), the data set (prompts.source) and z-lab's published τ beside it
-(dflash/data/published_tau.json) where the drafter is a public one; `sweep_artifacts(children)`: that
+(dflash/data/published_tau.json) where the drafter is a public one on the target it was published with; `sweep_artifacts(children)`: that
 table as CSV, τ against the swept value, the children's per-position curves overlaid. Undefined (no
 verify step; an SE over one prompt) stays None: an empty cell, a gap in a plot, never the best child.
 dflash/entry.py reads the children through dflash.tracking and hands the files to the sweep parent.
@@ -59,14 +60,24 @@ def _tau(rows: list[PromptRow]) -> tuple[Rate, Rate]:
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "published_tau.json"
 
 
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
 def published_tau(params: dict[str, str]) -> float | None:
-    """z-lab's published τ for a child's drafter (drafter.name or the path's last part), data set
-    (prompts.source) and temperature (references.temperature, default 0.0); None where none is published."""
-    tau = json.loads(PUBLISHED.read_text())["tau"]
+    """z-lab's published τ for a child's drafter (drafter.name or the path's last part) on the target it was
+    published with (target.name or the target path's last part, e.g. qwen3_8b or /models/Qwen3-8B), data
+    set (prompts.source) and temperature (references.temperature, default 0.0); None where none is published."""
+    data = json.loads(PUBLISHED.read_text())
     names = [params.get("drafter.name") or "", Path(params.get("drafter.path") or "").name]
-    drafter = next((n for n in names if n in tau), None)
+    drafter = next((n for n in names if n in data["tau"]), None)
+    if drafter is None:
+        return None
+    target = _norm(data["target"][drafter])
+    if target not in {_norm(params.get("target.name") or ""), _norm(Path(params.get("target.path") or "").name)}:
+        return None  # the public drafter on another target: no published figure applies
     temp = str(float(params.get("references.temperature") or 0.0))
-    return tau[drafter].get(temp, {}).get(params.get("prompts.source", "")) if drafter else None
+    return data["tau"][drafter].get(temp, {}).get(params.get("prompts.source", ""))
 
 
 def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
@@ -79,7 +90,7 @@ def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
     for c in children:
         row: dict[str, Any] = {"run": c.name, **c.values}
         tau, se = _tau(c.rows) if c.rows else (None, None)
-        row.update(tau=tau, tau_se=se, prompts=len(c.rows) if c.rows else None, dataset=c.params.get("prompts.source"),
+        row.update(tau=tau, tau_se=se, num_prompts=len(c.rows) if c.rows else None, dataset=c.params.get("prompts.source"),
                    published_tau=published_tau(c.params))
         for s in subsets:
             sub = [r for r in c.rows or [] if r.subset == s]

@@ -22,6 +22,8 @@ Selection (`select`), as z-lab chooses N of n (only when n > N; else all, in ord
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ STEP_BY_STEP = "\nPlease reason step by step, and put your final answer within \
 LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will generate a correct "
               "Python program that matches the specification and passes all tests. You will NOT return anything except for the program")
 SELECTIONS = ("shuffle", "hf_shuffle", "first")
+SPLITS = ("train", "test", "validation", "dev", "prompt")  # the hub's split file names
 EXTENSIONS = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 
 
@@ -66,6 +69,11 @@ class Benchmark:
     id_column: str | None  # None: the row's index in the split
     num_prompts: int  # z-lab's count (run_benchmark.sh)
     max_new_tokens: int = 2048
+
+    @property
+    def described(self) -> str:
+        """The hub id with its config, as messages name the data set: `openai/gsm8k (main)`."""
+        return f"{self.hub_id} ({self.config})" if self.config else self.hub_id
 
 
 def _one(fmt: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], list[str]]:
@@ -109,13 +117,15 @@ def select(n: int, num: int | None, selection: str = "shuffle", seed: int = 42) 
 
 def _data_files(folder: Path, b: Benchmark) -> list[Path]:
     """The files of split `b.split` in a hub-shaped folder (`<config>/` followed; names starting with or
-    holding the split, e.g. test-00000-of-00001.parquet, test.jsonl; else every data file when only one)."""
+    holding the split, e.g. test-00000-of-00001.parquet, test.jsonl; else the folder's only data file when
+    no split names it and it lies in the folder itself)."""
     if b.config and (folder / b.config).is_dir():
         folder = folder / b.config
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(EXTENSIONS) and not p.name.startswith("."))
     split = [p for p in files if p.name.startswith(b.split) or f"{b.split}" in p.relative_to(folder).parts[:-1]
              or f"-{b.split}" in p.name or f"_{b.split}" in p.name]
-    return split or (files if len(files) == 1 else [])
+    alone = [p for p in files if p.parent == folder and not p.name.startswith(SPLITS)]  # one file of no split's name, not in a sub-folder
+    return split or (alone if len(files) == 1 == len(alone) else [])
 
 
 def local_copy(b: Benchmark, path: str | None, data_dir: str | None) -> list[Path] | None:
@@ -127,7 +137,8 @@ def local_copy(b: Benchmark, path: str | None, data_dir: str | None) -> list[Pat
                               f"(a parquet / JSON / JSONL file or the hub's folder), or leave it unset to load from the hub")
         files = [p] if p.is_file() else _data_files(p, b)
         if not files:
-            raise PromptError(f"prompts={b.name}: no {b.split} split file ({'/'.join(EXTENSIONS)}) under {p}; set prompts.path to the file itself")
+            raise PromptError(f"prompts={b.name}: no {b.split} split file ({'/'.join(EXTENSIONS)}) under {p}; point prompts.path at a copy of "
+                              f"{b.described} holding its {b.split} split, or at the file itself")
         return files
     if data_dir:
         for sub in (b.name, b.hub_id, b.hub_id.split("/")[-1]):
@@ -140,9 +151,57 @@ def local_copy(b: Benchmark, path: str | None, data_dir: str | None) -> list[Pat
     return None
 
 
+def _peek(f: Path) -> tuple[list[str], int]:
+    """(columns, rows) of one data file from its header: a parquet file's schema and row count; a JSON
+    lines file's first object (rows: 0, or 1 standing for at least one); a JSON document read whole."""
+    if f.name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(f).names, pq.read_metadata(f).num_rows
+    opener = gzip.open if f.name.endswith(".gz") else open
+    with opener(f, "rt", encoding="utf-8") as fh:
+        first = next((line for line in fh if line.strip()), "")
+    if not first:
+        return [], 0
+    try:
+        row = json.loads(first)  # JSON lines: the first row's keys
+    except json.JSONDecodeError:  # one JSON document: a list of rows, or {column: [values]} as HF's json builder reads it
+        with opener(f, "rt", encoding="utf-8") as fh:
+            doc = json.load(fh)
+        if isinstance(doc, list):
+            return (list(doc[0]) if doc and isinstance(doc[0], dict) else []), len(doc)
+        if isinstance(doc, dict):
+            return list(doc), max((len(v) for v in doc.values() if isinstance(v, list)), default=0)
+        row = doc
+    if not isinstance(row, dict):
+        raise ValueError(f"expected JSON objects, got {type(row).__name__}")
+    return list(row), 1
+
+
+def check_files(b: Benchmark, files: list[Path]) -> None:
+    """Every file of a local copy readable with b's columns, and rows among them; else a PromptError naming
+    the data set, the file and what to set. Reads headers only (the pre-flight runs it before torch loads)."""
+    hint = (f"point prompts.path at a copy of {b.described}, split {b.split}, in the hub's schema "
+            f"(columns {', '.join(b.columns)}), or at the file itself")
+    rows = 0
+    for f in files:
+        try:
+            cols, n = _peek(f)
+        except (OSError, ValueError, UnicodeDecodeError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise PromptError(f"prompts={b.name}: cannot read {f} ({type(e).__name__}: {str(e)[:200]}); {hint}") from None
+        missing = [c for c in b.columns if c not in cols] if n else []
+        if missing:
+            has = ", ".join(cols) or "none"
+            raise PromptError(f"prompts={b.name}: {f} has no column {', '.join(repr(c) for c in missing)} (it has {has}); {hint}")
+        rows += n
+    if rows == 0:
+        raise PromptError(f"prompts={b.name}: {', '.join(map(str, files))} holds no rows (split {b.split}); {hint}")
+
+
 def _load_files(b: Benchmark, files: list[Path]) -> Any:
     from datasets import disable_progress_bars, load_dataset
 
+    check_files(b, files)
     disable_progress_bars()
     kind = "parquet" if all(f.name.endswith(".parquet") for f in files) else "json"
     try:
@@ -152,14 +211,15 @@ def _load_files(b: Benchmark, files: list[Path]) -> Any:
                           f"give prompts.path a {b.hub_id} file in the hub's schema (columns {', '.join(b.columns)})") from None
 
 
-def _load_hub(b: Benchmark) -> Any:
+def _load_hub(b: Benchmark, data_dir: str | None) -> Any:
     try:
         from datasets import disable_progress_bars, load_dataset
 
         disable_progress_bars()
         return load_dataset(b.hub_id, *([b.config] if b.config else []), split=b.split)
     except Exception as e:
-        raise PromptError(f"prompts={b.name}: cannot load {b.hub_id}{' (' + b.config + ')' if b.config else ''} split {b.split} from the hub "
+        why = f"prompts.data_dir={data_dir} holds no {b.name}/ folder and " if data_dir else ""
+        raise PromptError(f"prompts={b.name}: {why}cannot load {b.described} split {b.split} from the hub "
                           f"({type(e).__name__}: {str(e)[:200]}); without the hub set prompts.path=<a local copy of it> "
                           f"or prompts.data_dir=<a folder holding {b.name}/>") from None
 
@@ -167,7 +227,7 @@ def _load_hub(b: Benchmark) -> Any:
 def load_rows(b: Benchmark, path: str | None = None, data_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """The split's rows (split order) and where they came from; a missing column or an empty split is a PromptError."""
     files = local_copy(b, path, data_dir)
-    ds = _load_files(b, files) if files else _load_hub(b)
+    ds = _load_files(b, files) if files else _load_hub(b, data_dir)
     where = ", ".join(map(str, files)) if files else f"hub {b.hub_id}"
     missing = [c for c in b.columns if c not in ds.column_names]
     if missing:

@@ -1,8 +1,8 @@
 """Local references: the target's own completions, batched (dflash.stages.references caches and checks them).
 
-`greedy_generate` decodes prompts in batches of similar lengths (`decode.length_batches`) with left
+`greedy_generate` decodes prompts in batches of similar lengths (`generator.length_batches`) with left
 padding: on CUDA the static-cache engine of dflash.models.decode (CUDA graphs; inductor first when
-`references.compile=auto` finds enough work: `decode.choose_compile`, its set-up reported apart), elsewhere
+`references.compile=auto` finds enough work: `generator.choose_compile`, its set-up reported apart), elsewhere
 a dynamic KV cache that hands each row over as it stops. Greedy, or sampled at temperature > 0 with the
 position-keyed sampler of dflash.models.sampling, so the output does not depend on the batch.
 """
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from dflash.config.schema import ReferencesConfig
-from dflash.models.decode import choose_compile, decode_steps, length_batches
 from dflash.models.forward import forward, new_cache
+from dflash.models.generator import choose_compile, decode_steps, length_batches
 from dflash.models.sampling import Sampling, pick, row_keys
 from dflash.util.progress import Progress, log
 
@@ -34,8 +34,8 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
     """Greedy completions (or sampled: `sampling`, position-keyed, so independent of the batch;
     EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
-    engine (decode.Generator, CUDA graphs; `compile`: inductor first, true / false / auto as
-    decode.choose_compile rules) as each batch ends. `stats` gets the engine's label and set-up seconds."""
+    engine (generator.Generator, CUDA graphs; `compile`: inductor first, true / false / auto as
+    generator.choose_compile rules) as each batch ends. `stats` gets the engine's label and set-up seconds."""
     out: list[list[int]] = [[] for _ in prompts]
     if not prompts:
         return out
@@ -71,10 +71,11 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
 
 
 def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False, sampling: Sampling = Sampling()) -> Any:
-    """decode.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
+    """generator.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
     if target.device.type != "cuda":
         return None
-    from dflash.models.decode import Generator, unsupported
+    from dflash.models.decode import unsupported
+    from dflash.models.generator import Generator
 
     return Generator(target, batch, max_prompt, max_new_tokens, compile=compile, sampling=sampling) if unsupported(target.config) is None else None
 

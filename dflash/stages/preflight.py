@@ -2,16 +2,16 @@
 
 A typo in a path should cost the user a second, not the start-up of the heavy libraries (about 10 s
 on two cores): the prompt file or local data set copy must exist (a JSONL file is read and checked
-whole, line by line), and so must the drafter's run folder or HF folder. Each failure is the same
+whole, line by line; a data set copy's files must be readable and hold its columns and rows, read
+from their headers), and so must the drafter's run folder or HF folder. Each failure is the same
 user error, with the same message, that the full check would raise later.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from dflash.stages.benchmarks import BENCHMARKS
+from dflash.stages.benchmarks import BENCHMARKS, check_files, local_copy
 from dflash.stages.prompts import read_jsonl
 from dflash.util.errors import CheckpointError, PromptError
 from dflash.util.files import find_path
@@ -24,9 +24,10 @@ def check_inputs(cfg: Any) -> None:
         if not pc.path:
             raise PromptError("prompts=jsonl needs prompts.path=/path/to/prompts.jsonl")
         read_jsonl(pc.path)  # missing, not UTF-8, malformed: named by file and line
-    elif pc.source in BENCHMARKS and pc.path and not Path(pc.path).expanduser().exists():
-        raise PromptError(f"prompts.path={pc.path} does not exist: point it at a local copy of {pc.source} (a file or folder in the "
-                          "data set's own schema: parquet, JSON or JSONL), or leave it unset to load from the hub")
+    elif pc.source in BENCHMARKS or pc.source == "humaneval_complete":
+        b = BENCHMARKS.get(pc.source, BENCHMARKS["humaneval"])
+        if files := local_copy(b, pc.path, pc.data_dir):  # a missing path raises; None: from the hub, checked when it loads
+            check_files(b, files)  # headers only: columns and rows of every file
     if d.kind == "training" and d.run_dir and not find_path(d.run_dir).is_dir():
         raise CheckpointError(f"drafter.run_dir={d.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders")
     if d.kind == "hf" and d.path and not find_path(d.path).is_dir():

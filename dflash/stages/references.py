@@ -5,25 +5,26 @@ Under greedy decoding DFlash is lossless, so the reference is exactly what specu
 would output; the replay (replay.py) walks the draft-verify loop against it.
 
 Sources:
-- `local`: batched greedy decoding with the target (on CUDA the static-cache engine of decode.py,
+- `local`: batched greedy decoding with the target (on CUDA the static-cache engine, dflash/models/generator.py;
   elsewhere a dynamic KV cache; left padding, stop at EOS per row).
 - `sglang`: an SGLang server's `/generate` with `input_ids` (token ids back); `openai`: an
   OpenAI-compatible `/v1/completions` (token ids where the server offers them, else re-tokenized
-  text). HTTP lives in dflash/stages/server.py.
+  text): dflash/stages/server.py, its HTTP in dflash/stages/client.py.
 
 Every completion, generated or read from the cache, is checked (`completion_problem`): non-empty,
 at most `max_new_tokens`, token ids inside the target's vocabulary, and ending at the first of the
 target's stop tokens or at exactly `max_new_tokens`. A server answer that fails is a ReferenceError
 naming the prompt, and nothing of it is cached; a cached entry that fails is regenerated.
 
-Cache: one JSON file per reference under `<cache_dir>/references/`, named by the sha256 of all
-that decides it: target identity, source (`local` with the target's dtype; for a server, the
-model it reports and the request it gets, not its URL), rendered prompt ids, max_new_tokens,
-template options. Each is written atomically as its prompt finishes (local: as each row of a
-batch stops, on CPU; per batch with CUDA's static-cache engine; server: as each answer arrives and
-passes), so an interrupted run resumes where it stopped. Files and folders follow the umask. A
-read-only cache is used read-only (with a warning) when it holds every reference needed, and is a
-ReferenceError before any generation when it does not. `refresh=true` regenerates and overwrites.
+Cache (dflash/stages/reference_cache.py): one JSON file per reference under
+`<cache_dir>/references/`, named by the sha256 of all that decides it: target identity, source
+(`local` with the target's dtype; for a server, the model it reports and the request it gets, not
+its URL), rendered prompt ids, max_new_tokens, template options. Each is written atomically as its
+prompt finishes (local: as each row of a batch stops, on CPU; per batch with CUDA's static-cache
+engine; server: as each answer arrives and passes), so an interrupted run resumes where it stopped.
+Files and folders follow the umask. A read-only cache is used read-only (with a warning) when it
+holds every reference needed, and is a ReferenceError before any generation when it does not.
+`refresh=true` regenerates and overwrites.
 
 `check_references` is the pre-flight (run before the target's weights load, on a `TargetInfo`):
 options, server reachable and its model known, cache writable or complete. `get_references` does
@@ -33,47 +34,32 @@ reports how well the server's references agree with them (`ReferenceStats.metric
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
-import os
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from dflash.models.decode import COMPILE_CHOICES
+from dflash.config.schema import ReferencesConfig
+from dflash.models.generator import COMPILE_CHOICES
 from dflash.models.sampling import Sampling
-from dflash.stages.generate import COMPILE_MIN_STEPS, greedy_generate
+from dflash.stages.client import snippet
+from dflash.stages.generate import greedy_generate
+from dflash.stages.reference_cache import ReferenceCache, completion_problem, reference_key
 from dflash.stages.served import Served
-from dflash.stages.server import CallPolicy, Server, snippet
+from dflash.stages.server import Server, server_generate
 from dflash.util.errors import ConfigError, ReferenceError
-from dflash.util.files import atomic_write_text
-from dflash.util.progress import Progress, log
+from dflash.util.progress import log
 
 SOURCES = ("local", "sglang", "openai")
 
 
-@dataclass
-class ReferenceOptions(CallPolicy):
-    """The `references.*` config fields (dflash.config.schema.ReferencesConfig), server call policy included."""
-
-    source: str = "local"
-    url: str | None = None
-    model: str | None = None  # openai: the served model name
-    batch_size: int = 16  # local: prompts per batch
-    compile: bool | str = "auto"  # local on CUDA: inductor before the CUDA graph capture; auto: when the work pays for it (decode.choose_compile)
-    compile_min_steps: int = COMPILE_MIN_STEPS  # auto compiles from this many decode steps (the measured break-even)
-    use_cache: bool = True  # false: neither read nor write the cache
-    refresh: bool = False  # regenerate every reference and overwrite its cache entry
-    concurrency: int = 8  # server: requests in flight at once
-    probe_prompts: int = 0  # server: prompts also generated locally to measure agreement (0: off)
-    probe_min_agreement: float = 0.9  # warn when the token agreement before the first divergence is below
-    temperature: float = 0.0  # 0: greedy; > 0: sampled under z-lab's convention (dflash/models/sampling.py)
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int = 0
+class ReferenceOptions(ReferencesConfig):
+    """The `references.*` options with their checks. The fields are ReferencesConfig's
+    (dflash/config/schema.py), declared there only: a new option is one field there (plus its rule
+    in `validate`). The same object is the server client's call policy."""
 
     @property
     def sampling(self) -> Sampling:
@@ -129,104 +115,6 @@ class ReferenceStats:
             return {}
         return {"references/probe_prefix_agreement": float(self.probe_prefix_agreement or 0.0),
                 "references/probe_exact_match": float(self.probe_exact_match or 0.0)}
-
-
-def reference_key(identity: str, source: str, prompt_ids: list[int], max_new_tokens: int, template: dict[str, Any]) -> str:
-    blob = json.dumps([identity, source, prompt_ids, max_new_tokens, sorted(template.items())], default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def completion_problem(ids: Any, max_new_tokens: int, eos_ids: list[int], vocab_size: int) -> str | None:
-    """What is wrong with a completion as a greedy reference, or None."""
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        return "is not a list of token ids"
-    if not ids:
-        return "is empty"
-    if len(ids) > max_new_tokens:
-        return f"has {len(ids)} tokens, more than max_new_tokens={max_new_tokens}"
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        return f"holds token id {bad}, outside the target's vocabulary (0..{vocab_size - 1})"
-    stop = set(eos_ids)
-    early = next((k for k, t in enumerate(ids[:-1]) if t in stop), None)
-    if early is not None:
-        return f"goes on past the stop token {ids[early]} at position {early}"
-    if len(ids) < max_new_tokens and ids[-1] not in stop:
-        return f"stops after {len(ids)} of {max_new_tokens} tokens at token {ids[-1]}, not at one of the target's stop tokens {eos_ids}"
-    return None
-
-
-class ReferenceCache:
-    def __init__(self, root: str | Path):
-        self.root = Path(root).expanduser() / "references"
-        self.read_only: str | None = None  # why the cache cannot be written
-
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
-
-    def get(self, key: str, problem: Callable[[Any], str | None] | None = None) -> list[int] | None:
-        """The cached completion, or None where there is none or it is unreadable or fails `problem`."""
-        try:
-            ids = json.loads(self._path(key).read_text())["completion_ids"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return ids if (problem or (lambda _: None))(ids) is None else None
-
-    def served(self, key: str) -> Served | None:
-        """The server's speculative counters kept beside a cached reference (None: none were reported)."""
-        try:
-            return Served.from_dict(json.loads(self._path(key).read_text()).get("served"))
-        except (OSError, ValueError, AttributeError):
-            return None
-
-    def put(self, key: str, completion_ids: list[int], meta: dict[str, Any]) -> None:
-        if self.read_only:
-            return
-        try:
-            atomic_write_text(self._path(key), json.dumps({**meta, "completion_ids": completion_ids}))
-        except OSError as e:  # disk full, permissions changed under us: keep the run going
-            self.read_only = f"{type(e).__name__}: {e}"
-            log.warning("references: cannot write the cache %s (%s): this run's references stay in memory only", self.root, self.read_only)
-
-    def check_writable(self) -> str | None:
-        """Try to write here (a probe file, removed); -> why not, or None."""
-        try:
-            probe = self.root / f".write-probe-{os.getpid()}"
-            atomic_write_text(probe, "")
-            probe.unlink()
-        except OSError as e:
-            self.read_only = f"{type(e).__name__}: {e}"
-        return self.read_only
-
-
-# --- server generation ------------------------------------------------------------------------
-
-
-def server_generate(server: Server, target: Any, prompts: list[list[int]], max_new_tokens: int, names: list[str],
-                    on_done: Callable[[int, list[int]], None], concurrency: int = 8, sampling: Sampling = Sampling()) -> None:
-    """Ask the server for every prompt, `concurrency` requests in flight; on_done(i, ids) as each answer
-    arrives. A failure (or an interrupt) aborts the requests still in flight."""
-    tokens = 0
-
-    def one(i: int) -> tuple[int, list[int]]:
-        try:
-            return i, server.generate(prompts[i], max_new_tokens, target.eos_ids, target.tokenizer, sampling)
-        except ReferenceError as e:
-            raise ReferenceError(f"{names[i]}: {e}") from None
-
-    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(prompts)), thread_name_prefix="references")
-    try:
-        with Progress("references", total=len(prompts), unit="prompt") as bar:
-            for f in as_completed([pool.submit(one, i) for i in range(len(prompts))]):
-                i, ids = f.result()
-                on_done(i, ids)
-                tokens += len(ids)
-                bar.update(1, tokens=tokens)
-    except BaseException:
-        server.client.close()  # wake the calls still in flight: the pool then ends at once
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # --- plan and run -----------------------------------------------------------------------------
@@ -346,8 +234,7 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     k = min(o.probe_prompts, len(prompts))
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
-    lo = ReferenceOptions(source="local", batch_size=o.batch_size, use_cache=o.use_cache, refresh=o.refresh, compile=o.compile,
-                          compile_min_steps=o.compile_min_steps, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed)
+    lo = dataclasses.replace(o, source="local", probe_prompts=0)  # the same options, generated here
     local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
@@ -370,11 +257,6 @@ def get_references(
     max_new_tokens: int,
     template: dict[str, Any],
     cache_dir: str | Path,
-    source: str = "local",
-    batch_size: int = 16,
-    url: str | None = None,
-    model: str | None = None,
-    use_cache: bool = True,
     *,
     names: list[str] | None = None,
     server: Server | None = None,
@@ -385,8 +267,7 @@ def get_references(
     names: prompt ids for messages; server: the pre-flight's (`check_references(...).server`);
     options: the `references.*` fields as one ReferenceOptions (passed whole; else built from the
     keyword fields)."""
-    o = options if options is not None else ReferenceOptions(source=source, batch_size=batch_size, url=url, model=model, use_cache=use_cache,
-                                                             **fields)
+    o = options if options is not None else ReferenceOptions(**fields)
     labels = _names(len(prompts), names)
     refs, stats = _references(target, prompts, max_new_tokens, template, cache_dir, o, labels, server)
     if o.probe_prompts and o.source != "local" and prompts:

@@ -26,6 +26,7 @@ from dflash.tracking.store import (
 )
 from dflash.tracking.view import setup_eval_experiment, view_url
 from dflash.util.errors import Terminated, TrackingError, signals_deferred
+from dflash.util.files import atomic_write_bytes
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -160,8 +161,7 @@ class Run:
 def _log_files(client, run_id: str, files: dict[str, bytes]) -> None:
     with tempfile.TemporaryDirectory() as d:
         for rel, data in files.items():
-            (Path(d) / rel).parent.mkdir(parents=True, exist_ok=True)
-            (Path(d) / rel).write_bytes(data)
+            atomic_write_bytes(Path(d) / rel, data)
         client.log_artifacts(run_id, d)
 
 

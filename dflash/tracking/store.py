@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from dflash.util.errors import TrackingError
+from dflash.util.files import open_append
 
 SWEEP_TAG = "dflash.sweep_id"
 ROLE_TAG = "dflash.role"  # "sweep" on a sweep's parent
@@ -43,8 +44,7 @@ def store_lock(uri: str) -> Iterator[None]:
     else:
         lock = Path.home() / ".cache" / "dflash-eval" / "mlflow.lock"
     try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        f = open(lock, "w")
+        f = open_append(lock)  # created like open() makes files (the umask), never truncated
     except OSError as e:
         raise TrackingError(f"cannot write beside the MLflow store {uri} ({e.strerror}: {e.filename}); pass a writable "
                             "tracking.uri=sqlite:///<folder>/mlflow.db, or tracking.enabled=false") from None

@@ -2,7 +2,7 @@
 
 - `<out_dir>/<variant>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config,
   variant, bugs, and the throughput counters (`train_meta`); written atomically by
-  dflash.models.checkpoint, read back by the evaluator as kind=training.
+  dflash.models.checkpoint_files, read back by the evaluator as kind=training.
 - `<export_dir>/<variant>/step_<N>/`: a weights-only bf16 HF folder (what checkpoints/ holds), for
   `export_steps`, the last step and a stop.
 A run resumes from the latest checkpoint.pt of its folder: weights, optimizer, step, counters.
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dflash.models.checkpoint import list_steps, save_hf_folder, save_training_checkpoint
+from dflash.models.checkpoint_files import list_steps, save_hf_folder, save_training_checkpoint
 from dflash.models.drafter import DFlashDrafter
 from dflash.train.variants import Variant
 
