@@ -20,8 +20,9 @@ def test_bench_prints_every_section(tmp_path, qwen3_dir):
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = r.stdout.split("== summary")[1]
+    assert "LOOP COUNTERS DIFFER" not in summary  # every replay mode walks the same loop
     for line in ["sweep of 2 checkpoints", "x one run", "of the first run's", "warm per checkpoint", "online, batch 1", "x target-only",
-                 "cheaper", "generation (cpu", "engine"]:
+                 "cheaper", "generation (cpu", "engine", "replay modes", "replay.anchors=visited replay.tf_stride=4"]:
         assert line in summary, (line, summary)
 
 
@@ -34,5 +35,6 @@ def test_bench_scale_vl_prints_every_stage(tmp_path):
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for line in ["load target", "references", "features", "replay", "loaded from a saved HF folder", "peak RSS",
-                 "replay per token / feature pass per token", "projected", "linear attention: torch fallback"]:
+                 "replay per token / feature pass per token", "projected", "linear attention: torch fallback",
+                 "replay again, replay.anchors=visited replay.tf_stride=4"]:
         assert line in r.stdout, (line, r.stdout)
