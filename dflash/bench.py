@@ -47,11 +47,11 @@ from dflash.models.checkpoint_files import list_steps
 from dflash.online.speed import bench_generation, bench_online, format_generation, format_online
 from dflash.stages import features
 from dflash.stages.result import EvalResult
+from dflash.util.errors import UserError, exit_code
 from dflash.util.files import atomic_dir, find_path
 from dflash.util.memo import PROCESS
 from dflash.util.progress import configure, log
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 SHAPES = {  # random targets for `scale`: transformers config class and fields
     "qwen3_8b": ("Qwen3Config", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                                      num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
@@ -282,11 +282,7 @@ def main() -> None:
     if a.scale_eval:
         return bench_scale.scale_eval(json.loads(a.scale_eval))
     configure(True)
-    from hydra import compose, initialize_config_dir
-
-    config_mod.register()
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = config_mod.to_object(compose("config", overrides=a.overrides))
+    cfg = config_mod.compose(a.overrides)
     skip = set(filter(None, a.skip.split(",")))
     with tempfile.TemporaryDirectory(prefix="dflash-bench-") as tmp:  # a fresh feature cache; the rest shared
         real = Path(cfg.cache_dir).resolve()
@@ -322,4 +318,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # bad input: the message and exit 2, no traceback (as dflash.compare)
+        print(f"dflash-bench: error: {e}", file=sys.stderr)
+        sys.exit(exit_code(e))

@@ -105,14 +105,6 @@ def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
     return folder
 
 
-def _config(overrides: list[str]) -> config_mod.EvalConfig:
-    from hydra import compose, initialize_config_dir
-
-    config_mod.register()
-    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        return config_mod.to_object(compose("config", overrides=overrides))
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -150,7 +142,7 @@ def scale_eval(spec: dict[str, Any]) -> None:
     ov = ["target=qwen3_6_27b", f"target.path={spec['folder']}", "drafter=init", "drafter.num_layers=5", f"device={spec['device']}",
           "device.dtype=bfloat16", f"prompts.num_prompts={n}", f"prompts.max_new_tokens={m}", "num_samples=0", "tracking.enabled=false",
           f"cache_dir={spec['cache_dir']}", *spec.get("overrides", [])]
-    cfg = _config(ov)
+    cfg = config_mod.compose(ov)
     t0 = time.perf_counter()
     res = pipeline.run(cfg)
     wall = time.perf_counter() - t0

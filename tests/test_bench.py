@@ -38,3 +38,13 @@ def test_bench_scale_vl_prints_every_stage(tmp_path):
                  "replay per token / feature pass per token", "projected", "linear attention: torch fallback",
                  "replay again, replay.anchors=visited replay.tf_stride=4"]:
         assert line in r.stdout, (line, r.stdout)
+
+
+def test_bench_bad_override_exits_2_naming_the_key(tmp_path):
+    """A typo in the bench's overrides is a user error: exit 2, the key and its neighbours named, no traceback."""
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "dflash.bench", "--skip", "sweep,replay,online,generation,scale", "prompts.num_promts=3"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "dflash-bench: error: prompts.num_promts is not a config key" in r.stderr and "num_prompts" in r.stderr
+    assert "Traceback" not in r.stderr

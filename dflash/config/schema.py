@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
@@ -271,6 +272,27 @@ def to_object(cfg: Any, schema: type = EvalConfig) -> Any:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): pass {e.full_key}=... on the command line") from e
     except OmegaConfBaseException as e:
         raise ConfigError(str(e).strip()) from e
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose(overrides: list[str], config_name: str = "config", schema: type = EvalConfig) -> Any:
+    """conf/<config_name>.yaml composed with `overrides` outside a Hydra job (the benches) -> its typed
+    schema object; a key the schema does not name or a value Hydra cannot compose raises ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides, schema)
+    register()
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(str(e).strip().splitlines()[0]) from e
+    return to_object(cfg, schema)
 
 
 def experiment_name(tracking: Any, target_name: str) -> str:
