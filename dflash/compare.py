@@ -9,7 +9,9 @@ each with its paired SE. A gap of 2 SE or more is reported as measurable. Runs o
 other references (each per-prompt row's digest of its reference ids), another target or dtype are
 refused, naming the prompts that differ: their gap mixes drafter and data. The table prints; with
 `--out DIR` it is also written as `compare_<A>_vs_<B>.csv` with a plot of the gaps (`.png`), and
-`--log-to RUN_ID` logs both to that run under `compare/`. Exits 2 with a message on bad input.
+`--log-to RUN_ID` logs both to that run under `compare/`. Exits 2 with a message on bad input. Where
+run names are given and the newest runs of those names do not pair, the newest pair that does is
+compared and the pairs skipped are named on stderr, with why.
 """
 
 from __future__ import annotations
@@ -48,16 +50,23 @@ def main(argv: list[str] | None = None) -> int:
             return rows[run_id]
 
         def newest_pair() -> tuple[str, str, str, str, list[tuple[PromptRow, PromptRow]]]:
-            """The newest pair of runs that pairs (same prompts, digests, target and dtype), else why the newest does not."""
-            first: CompareError | None = None
+            """The newest pair of runs that pairs (same prompts, digests, target and dtype), else why the newest does not.
+            Newer pairs skipped on the way are named on stderr, with why."""
+            skipped: list[tuple[str, CompareError]] = []
             for id_a, name_a in runs_a:
                 for id_b, name_b in runs_b:
                     (rows_a, who_a), (rows_b, who_b) = run(id_a), run(id_b)
                     try:
-                        return id_a, name_a, id_b, name_b, align(rows_a, rows_b, who_a, who_b)
+                        pairs = align(rows_a, rows_b, who_a, who_b)
                     except CompareError as e:
-                        first = first or e
-            raise first or CompareError("no pair of runs")
+                        skipped.append((f"  {name_a} ({id_a[:8]}) vs {name_b} ({id_b[:8]}): {e}", e))
+                        continue
+                    if skipped:
+                        print(f"dflash-compare: skipped {len(skipped)} pair(s) of runs of these names that do not pair (newest first):\n"
+                              + "\n".join(line for line, _ in skipped[:5]) + ("\n  ..." if len(skipped) > 5 else "")
+                              + f"\ncomparing the newest pair that does: {name_a} ({id_a[:8]}) vs {name_b} ({id_b[:8]})", file=sys.stderr)
+                    return id_a, name_a, id_b, name_b, pairs
+            raise skipped[0][1] if skipped else CompareError("no pair of runs")
 
         id_a, name_a, id_b, name_b, pairs = newest_pair()
         table = compare(pairs)

@@ -29,6 +29,15 @@ def _rows(seed: int, shift: float = 0.0, n: int = 30) -> list[PromptRow]:
     return rows_of(_dicts(seed, shift, n))
 
 
+ID = RunIdentity("tiny-target", "float32")  # the runs' tags target_identity, dtype
+TAGS = {"target_identity": ID.target, "dtype": ID.dtype}
+
+
+def _kid(name: str, run_id: str, values: dict[str, str], rows: list[PromptRow] | None, params: dict[str, str] | None = None) -> Child:
+    """A sweep child whose run says its target and dtype."""
+    return Child(name, run_id, values, rows, params or {}, ID)
+
+
 def test_paired_diff_of_a_run_with_itself_is_zero():
     num, den = [3.0, 5.0, 9.0], [2.0, 3.0, 4.0]
     assert paired_ratio_diff(num, den, num, den) == (0.0, 0.0)
@@ -48,24 +57,46 @@ def test_paired_se_matches_the_formula_and_beats_unpaired():
 
 
 def test_compare_rows_and_subsets():
-    out = {r["metric"]: r for r in compare(align(_rows(2), _rows(2, shift=0.1)))}
+    out = {r["metric"]: r for r in compare(align(_rows(2), _rows(2, shift=0.1), ID, ID))}
     assert {"acceptance_length", "acceptance_length/x", "acceptance_length/y", "accuracy/pos_01", "nll_mean"} <= out.keys()
     assert out["acceptance_length"]["diff"] > 0 and out["acceptance_length"]["z"] > 2
     assert out["nll_mean"]["a"] == pytest.approx(4.0) and out["nll_mean"]["diff"] == pytest.approx(0.0)
     unscored = [dataclasses.replace(r, tf_nll=None) for r in _rows(2)]  # a run without scores=true: no NLL row
-    assert "nll_mean" not in {r["metric"] for r in compare(align(unscored, _rows(2)))}
+    assert "nll_mean" not in {r["metric"] for r in compare(align(unscored, _rows(2), ID, ID))}
 
 
 def test_other_prompts_or_references_are_refused():
     a = _rows(3)
-    with pytest.raises(CompareError, match="different prompts"):
-        align(a, a[:-1])
+    with pytest.raises(CompareError, match=r"different prompts \(1 only in A: p29; 0 only in B\)"):
+        align(a, a[:-1], ID, ID)
+    renamed = [dataclasses.replace(r, id=f"q{i}") if i in (2, 5) else r for i, r in enumerate(a)]
+    with pytest.raises(CompareError, match=r"different prompts \(2 only in A: p2, p5; 2 only in B: q2, q5\)"):
+        align(a, renamed, ID, ID)
     b = list(a)
     b[4] = dataclasses.replace(a[4], reference_digest="other")
     with pytest.raises(CompareError, match="1 prompts have other references: p4; the runs used another target, dtype, server or sampling"):
-        align(a, b)
-    with pytest.raises(CompareError, match="another dtype"):
+        align(a, b, ID, ID)
+    b[4], b[7] = a[4], dataclasses.replace(a[7], prompt_digest="other")
+    with pytest.raises(CompareError, match="1 prompts were rendered to other token ids: p7; the runs used another chat template"):
+        align(a, b, ID, ID)
+    with pytest.raises(CompareError, match=r"another dtype \(A: float32, B: bfloat16\)"):
         align(a, a, RunIdentity("t", "float32"), RunIdentity("t", "bfloat16"))
+    with pytest.raises(CompareError, match=r"another target \(A: Qwen/Qwen3-8B@abc, B: Qwen/Qwen3-8B@def\)"):
+        align(a, a, RunIdentity("Qwen/Qwen3-8B@abc", "bfloat16"), RunIdentity("Qwen/Qwen3-8B@def", "bfloat16"))
+
+
+def test_a_run_that_does_not_say_its_target_or_dtype_is_refused():
+    """A run without the target_identity or dtype tag (logged before they existed, or otherwise) cannot be checked: refused,
+    whichever side lacks it, both included."""
+    a = _rows(3)
+    untagged = RunIdentity.from_tags({})
+    with pytest.raises(CompareError, match="run B has no target_identity tag .* cannot be checked; evaluate it again"):
+        align(a, a, ID, untagged)
+    with pytest.raises(CompareError, match="run A has no dtype tag"):
+        align(a, a, RunIdentity.from_tags({"target_identity": ID.target}), ID)
+    with pytest.raises(CompareError, match="runs A and B have no target_identity tag .* evaluate them again"):
+        align(a, a, untagged, untagged)
+    assert len(align(a, a, RunIdentity.from_tags(TAGS), ID)) == len(a)
     with pytest.raises(CompareError, match="evaluate it again"):
         rows_of([{k: v for k, v in r.items() if k != "reference_digest"} for r in _dicts(3)])
 
@@ -74,7 +105,7 @@ def test_undefined_stays_undefined():
     assert paired_ratio_diff([1.0], [0.0], [1.0], [2.0]) == (None, None)  # no step on a side
     assert paired_ratio_diff([3.0], [2.0], [4.0], [2.0]) == (0.5, None)  # one prompt: no SE
     one = _rows(9, n=1)
-    (row, *_) = compare(align(one, one))
+    (row, *_) = compare(align(one, one, ID, ID))
     assert row["se"] is None and row["z"] is None and " -" in render("a", "b", 1, [row])
 
 
@@ -93,7 +124,7 @@ def _is_png(data: bytes) -> bool:
 
 
 def test_compare_artifacts_are_the_table_and_a_plot():
-    rows = compare(align(_rows(2), _rows(2, shift=0.1)))
+    rows = compare(align(_rows(2), _rows(2, shift=0.1), ID, ID))
     files = compare_artifacts("fixed@step_1633", "fixed@step_5037", rows)
     assert set(files) == {"compare_fixed@step_1633_vs_fixed@step_5037.csv", "compare_fixed@step_1633_vs_fixed@step_5037.png"}
     table = _csv(files["compare_fixed@step_1633_vs_fixed@step_5037.csv"])
@@ -111,10 +142,10 @@ def test_swept_values_keep_what_differs():
 def test_sweep_table_pairs_every_child_with_the_first_that_finished():
     base, better = _rows(4), _rows(4, shift=0.1)
     other_prompts = [dataclasses.replace(r, id=f"q{i}") for i, r in enumerate(_rows(5))]
-    kids = [Child("a@step_1", "id1", {"drafter.step": "1"}, None),  # failed: no rows
-            Child("a@step_2", "id2", {"drafter.step": "2"}, base),
-            Child("a@step_3", "id3", {"drafter.step": "3"}, better),
-            Child("a@step_4", "id4", {"drafter.step": "4"}, other_prompts)]
+    kids = [_kid("a@step_1", "id1", {"drafter.step": "1"}, None),  # failed: no rows
+            _kid("a@step_2", "id2", {"drafter.step": "2"}, base),
+            _kid("a@step_3", "id3", {"drafter.step": "3"}, better),
+            _kid("a@step_4", "id4", {"drafter.step": "4"}, other_prompts)]
     t = sweep_table(kids)
     assert [r["run"] for r in t] == ["a@step_1", "a@step_2", "a@step_3", "a@step_4"] and [r["drafter.step"] for r in t] == ["1", "2", "3", "4"]
     assert t[0]["tau"] is None and "no per-prompt rows" in t[0]["note"]
@@ -132,8 +163,33 @@ def test_sweep_table_pairs_every_child_with_the_first_that_finished():
     assert best(t)["run"] == "a@step_3"
 
 
+def test_sweep_leaves_out_of_the_pairing_a_child_over_other_references_and_says_which():
+    """The sweep parent pairs each child with the first only where compare.align pairs them: a child over another
+    reference, dtype or without the tags keeps its τ, gets no Δτ, and its row and the description name it and why."""
+    from dflash.report.console import sweep_markdown
+
+    base = _rows(4)
+    other_ref = [dataclasses.replace(r, reference_digest="other") if r.id == "p4" else r for r in _rows(4, shift=0.1)]
+    kids = [_kid("a@step_1", "id1", {"drafter.step": "1"}, base), _kid("a@step_2", "id2", {"drafter.step": "2"}, other_ref),
+            dataclasses.replace(_kid("a@step_3", "id3", {"drafter.step": "3"}, _rows(4)), identity=RunIdentity(ID.target, "bfloat16")),
+            Child.read("a@step_4", "id4", {"drafter.step": "4"}, _dicts(4), {}, {}),  # logged without the tags
+            _kid("a@step_5", "id5", {"drafter.step": "5"}, _rows(4, shift=0.1))]
+    t = sweep_table(kids)
+    assert [r["tau"] is not None for r in t] == [True] * 5
+    assert [r["delta_tau"] is None for r in t] == [False, True, True, True, False] and t[4]["delta_tau"] > 0
+    assert t[1]["note"].startswith("not paired: 1 prompts have other references: p4;")
+    assert "another dtype (A: float32, B: bfloat16)" in t[2]["note"] and "run B has no target_identity tag" in t[3]["note"]
+    md = sweep_markdown("sweep", t, [], "FINISHED")
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| a@")}
+    assert rows["a@step_1"].endswith("| baseline |") and rows["a@step_5"].split("|")[-2].strip().startswith("+")
+    assert all(rows[k].endswith("| not paired |") for k in ("a@step_2", "a@step_3", "a@step_4"))
+    assert "**Not paired with a@step_1**" in md and "- a@step_2: 1 prompts have other references: p4;" in md
+    assert "- a@step_3: the runs used another dtype" in md and "- a@step_4: run B has no target_identity tag" in md
+    assert "a@step_5:" not in md
+
+
 def test_sweep_artifacts_plot_against_the_swept_number():
-    kids = [Child(f"a@step_{s}", f"id{s}", {"drafter.step": str(s)}, _rows(6, shift=0.05 * i)) for i, s in enumerate((1633, 5037))]
+    kids = [_kid(f"a@step_{s}", f"id{s}", {"drafter.step": str(s)}, _rows(6, shift=0.05 * i)) for i, s in enumerate((1633, 5037))]
     files = sweep_artifacts(kids, "drafter.step sweep")
     assert set(files) == {"sweep/children.csv", "sweep/tau.png", "sweep/per_position.png"}
     assert [r["run"] for r in _csv(files["sweep/children.csv"])] == ["a@step_1633", "a@step_5037"]
@@ -147,7 +203,7 @@ def test_sweep_artifacts_plot_against_the_swept_number():
         ]
     )
     files = sweep_artifacts(
-        [Child("fixed@step_5037", "i", {"drafter": "fixed"}, with_acc), Child("final_layer@step_5037", "j", {"drafter": "final_layer"}, None)]
+        [_kid("fixed@step_5037", "i", {"drafter": "fixed"}, with_acc), _kid("final_layer@step_5037", "j", {"drafter": "final_layer"}, None)]
     )
     assert _is_png(files["sweep/tau.png"]) and _is_png(files["sweep/per_position.png"])
 
@@ -161,7 +217,7 @@ def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     ids = []
     for name, shift in (("a@step_1", 0.0), ("a@step_2", 0.1)):
-        with tracking.Run(uri, "dflash/test", name, artifact_location=(tmp_path / "mlruns").as_uri()) as run:
+        with tracking.Run(uri, "dflash/test", name, artifact_location=(tmp_path / "mlruns").as_uri(), tags=TAGS) as run:
             run.log_table(_dicts(8, shift), "per_prompt.json")
             ids.append(run.run_id)
     assert main(["a@step_1", "a@step_2", "--uri", uri, "--out", str(tmp_path / "out"), "--log-to", ids[1]]) == 0
@@ -173,6 +229,16 @@ def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
     assert logged == {f"compare/{n}" for n in written}
     assert main(["a@step_1", "a@step_2", "--uri", uri, "--log-to", "0" * 32]) == 2
     assert "no run '" + "0" * 32 in capsys.readouterr().err
+    # a newer a@step_2 in another dtype does not pair: the older pair is compared, and stderr says what was skipped and why
+    with tracking.Run(uri, "dflash/test", "a@step_2", tags={**TAGS, "dtype": "bfloat16"}) as run:
+        run.log_table(_dicts(8, 0.2), "per_prompt.json")
+    assert main(["a@step_1", "a@step_2", "--uri", uri]) == 0
+    got = capsys.readouterr()
+    assert f"skipped 1 pair(s) of runs of these names that do not pair (newest first):\n  a@step_1 ({ids[0][:8]}) vs a@step_2 ({run.run_id[:8]}): " \
+           "the runs used another dtype (A: float32, B: bfloat16)" in got.err
+    assert f"comparing the newest pair that does: a@step_1 ({ids[0][:8]}) vs a@step_2 ({ids[1][:8]})" in got.err
+    assert f"B = a@step_2 ({ids[1][:8]})" in got.out
+    assert main([ids[0], run.run_id, "--uri", uri]) == 2 and "another dtype" in capsys.readouterr().err  # run ids: that pair or nothing
 
 
 def test_published_tau_only_for_a_public_drafter_on_its_own_target():
@@ -185,12 +251,12 @@ def test_published_tau_only_for_a_public_drafter_on_its_own_target():
     assert published_tau({**pub, "prompts.source": "aime24", "references.temperature": "1"}) is None  # none published at T=1
     assert published_tau({**pub, "target.name": "smollm2_135m"}) is None  # the public drafter's name on another target
     assert published_tau({**pub, "drafter.path": "/ckpts/mine"}) is None
-    kids = [Child(f"Qwen3-8B-DFlash-b16 {d}", f"id{d}", {"prompts": d}, _rows(4), {**pub, "prompts.source": d}) for d in ("gsm8k", "mt_bench")]
+    kids = [_kid(f"Qwen3-8B-DFlash-b16 {d}", f"id{d}", {"prompts": d}, _rows(4), {**pub, "prompts.source": d}) for d in ("gsm8k", "mt_bench")]
     table = sweep_table(kids)
     assert [(r["prompts"], r["dataset"], r["published_tau"], r["num_prompts"]) for r in table] == [("gsm8k", "gsm8k", 6.55, len(kids[0].rows)),
                                                                                                    ("mt_bench", "mt_bench", 4.25, len(kids[1].rows))]
     md = sweep_markdown("sweep", table, [], "FINISHED")
     assert "| run | prompts | τ ± SE | published τ |" in md and "| gsm8k | " in md and "| 6.550 |" in md and "| 4.250 |" in md
-    one = sweep_markdown("sweep", sweep_table([Child("a", "i", {"references.temperature": t}, _rows(4), {**pub, "references.temperature": t})
+    one = sweep_markdown("sweep", sweep_table([_kid("a", "i", {"references.temperature": t}, _rows(4), {**pub, "references.temperature": t})
                                                for t in ("0", "1")]), [], "FINISHED")
     assert "| run | references.temperature | data set | τ ± SE | published τ |" in one and "| 6.040 |" in one

@@ -3,7 +3,8 @@
 `align` pairs the per-prompt rows (`dflash.stages.metrics.PromptRow`; `rows_of` reads them from
 per_prompt.json's dicts) of two evaluation runs by prompt id and refuses what differs, naming the
 prompts: other prompts, prompts rendered to other ids or other references (each row's digests of its
-prompt and reference ids), another target or dtype (`RunIdentity`, from the runs' tags). `compare`
+prompt and reference ids), another target or dtype (`RunIdentity`, from the runs' tags; a run without
+those tags cannot be checked and is refused too). `compare`
 gives the gap in τ (overall and per subset), in teacher-forced accuracy at slots 1-3 and (both run
 with scores=true) in the reference token's NLL, each with its paired SE (metrics.paired_ratio_diff;
 what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
@@ -55,17 +56,24 @@ def _listed(ids: list[str], n: int = 5) -> str:
     return ", ".join(ids[:n]) + (", ..." if len(ids) > n else "")
 
 
-def align(rows_a: list[PromptRow], rows_b: list[PromptRow], run_a: RunIdentity | None = None, run_b: RunIdentity | None = None) -> list[Pair]:
+def align(rows_a: list[PromptRow], rows_b: list[PromptRow], run_a: RunIdentity, run_b: RunIdentity) -> list[Pair]:
     """Pair the rows by prompt id; refuse other prompt sets, prompts rendered otherwise, other references
-    (the rows' digests differ), another target or dtype (the runs' identities differ), naming the prompts."""
+    (the rows' digests differ), another target or dtype (the runs' identities differ) or a run that does
+    not say its target or dtype (it cannot be checked), naming the prompts."""
     a, b = {r.id: r for r in rows_a}, {r.id: r for r in rows_b}
     if a.keys() != b.keys():
-        raise CompareError(f"the runs replayed different prompts ({len(a.keys() - b.keys())} only in A, {len(b.keys() - a.keys())} only in B): "
+        only_a, only_b = [i for i in a if i not in b], [i for i in b if i not in a]
+        raise CompareError(f"the runs replayed different prompts ({len(only_a)} only in A{': ' + _listed(only_a) if only_a else ''}; "
+                           f"{len(only_b)} only in B{': ' + _listed(only_b) if only_b else ''}): "
                            "evaluate both with the same prompts=... and prompts.num_prompts, or pass run ids")
-    ra, rb = run_a or RunIdentity(), run_b or RunIdentity()
-    for what in ("target", "dtype"):
-        x, y = getattr(ra, what), getattr(rb, what)
-        if x is not None and y is not None and x != y:
+    for what, tag in (("target", "target_identity"), ("dtype", "dtype")):
+        x, y = getattr(run_a, what), getattr(run_b, what)
+        missing = [side for side, v in (("A", x), ("B", y)) if v is None]
+        if missing:
+            who, it = ("runs A and B have", "them") if len(missing) == 2 else (f"run {missing[0]} has", "it")
+            raise CompareError(f"{who} no {tag} tag (logged before dflash-eval tagged it, or by another tool): whether both used one {what} "
+                               f"cannot be checked; evaluate {it} again")
+        if x != y:
             raise CompareError(f"the runs used another {what} (A: {x}, B: {y}): their gap mixes drafter and {what}; "
                                "compare runs of one target setting")
     prompts = [i for i in a if a[i].prompt_digest != b[i].prompt_digest]

@@ -111,7 +111,8 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
 def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[str], status: str, reason: str = "") -> str:
     """A sweep parent's description: one row per child (dflash.report.sweep.sweep_table), the failed jobs.
     Columns: run, the swept values, the data set (prompts.source) unless `prompts` is swept, τ ± SE,
-    z-lab's published τ, Δτ ± paired SE against the first child that finished."""
+    z-lab's published τ, Δτ ± paired SE against the first child that finished ("not paired", and why below the
+    table, where dflash.report.compare.align refused the pair)."""
     fixed = {"run", "tau", "tau_se", "num_prompts", "delta_tau", "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id", "dataset",
              "published_tau"}
     swept = [k for k in (table[0] if table else {}) if k not in fixed and not k.startswith("tau/")]
@@ -124,11 +125,16 @@ def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[
         lines += [f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
                   "| --- |" + " --- |" * (len(swept) + 3)]
         first = next((i for i, r in enumerate(table) if r["tau"] is not None), None)  # what the others are paired against
+        unpaired = [i for i, r in enumerate(table) if i != first and r["tau"] is not None and r["delta_tau"] is None and r.get("note")]
         for i, r in enumerate(table):
             vals = "".join(f" {r.get(k) or ''} |" for k in swept)
-            delta = "baseline" if i == first else "-" if r["delta_tau"] is None else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}"
+            delta = ("baseline" if i == first else "not paired" if i in unpaired else "-" if r["delta_tau"] is None
+                     else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}")
             tau = "- (no result)" if r["tau"] is None else f"{fmt(r['tau'])} ± {fmt(r['tau_se'])}"
             lines.append(f"| {r['run']} |{vals} {tau} | {fmt(r.get('published_tau'))} | {delta} |")
+        if unpaired:  # compare.align refused them: why, naming the prompts or the tag that differs
+            lines += ["", f"**Not paired with {base}** (their Δτ would mix drafter and data):",
+                      *[f"- {table[i]['run']}: {table[i]['note'].removeprefix('not paired: ')}" for i in unpaired]]
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
     if table:
