@@ -39,6 +39,7 @@ class Fake:
         self.fault = lambda kind, body: None
         self.answers: dict[tuple, list[int]] = {}  # prompt -> completion, overriding honest()
         self.spec = lambda kind, ids, comp: {}  # speculative counters merged into the answer (meta_info / the vLLM answer)
+        self.ids_field = "output_ids"  # SGLang's field for the completion's ids (older releases: token_ids)
 
 
 def serve(fake: Fake):
@@ -105,7 +106,7 @@ def serve(fake: Fake):
                 finish = {"type": "stop", "matched": EOS} if stop else {"type": "length", "length": n}
                 ans = {
                     "text": "...",
-                    "output_ids": comp,
+                    fake.ids_field: comp,
                     "meta_info": {"finish_reason": finish, "completion_tokens": len(comp), **fake.spec(kind, ids, comp)},
                 }
             else:
@@ -387,6 +388,17 @@ def test_served_counters_in_every_spelling_are_kept_and_cached(qwen3_target, tmp
     n = len(fake.posts)
     _, again = refs_of(qwen3_target, tmp_path, fake, source=source, **kw)
     assert len(fake.posts) == n and again.hits == 3 and again.served == st.served
+
+
+def test_an_older_sglang_answering_token_ids_is_read(qwen3_target, tmp_path, fake):
+    """Older SGLang releases say token_ids where newer ones say output_ids: the same references, stop tokens and counters."""
+    fake.ids_field = "token_ids"
+    fake.spec = lambda kind, ids, comp: SPELLINGS["sglang_histogram"](ids, comp)  # the counters of those releases
+    refs, st = refs_of(qwen3_target, tmp_path, fake)
+    assert refs == [honest(p, 6) for p in PROMPTS] and st.generated == 3
+    assert refs[1][-1] == EOS  # the even-length prompt stops at the stop token, as with output_ids
+    want = {tuple(p): (len(r), _steps(p, r)) for p, r in zip(PROMPTS, refs)}
+    assert {k: (s.completion_tokens, s.verify_steps) for k, s in st.served.items()} == want
 
 
 def test_no_counters_no_served_tau(qwen3_target, tmp_path, fake):

@@ -3,8 +3,8 @@
 `Server` holds what a server reports it serves (`reported`: SGLang's `/model_info`, or
 `/get_model_info` on older releases; the OpenAI `/v1/models` card of `references.model`), part of
 every reference's cache key with the request (`request_params`), and turns one answer into
-completion token ids (`generate`): SGLang returns ids (the matched stop token put back where it is
-left out); an OpenAI server returns ids where it offers them (vLLM's `return_token_ids`), otherwise
+completion token ids (`generate`): SGLang returns ids (`output_ids`, `token_ids` in older releases; the
+matched stop token put back where it is left out); an OpenAI server returns ids where it offers them (vLLM's `return_token_ids`), otherwise
 text that is re-tokenized with the target's tokenizer. `dflash.stages.references` validates the ids.
 `server_generate` asks for every prompt, `references.concurrency` requests in flight.
 HTTP (one JSON call under a deadline, retries, abort) lives in dflash/stages/client.py.
@@ -107,8 +107,10 @@ class SGLang(Server):
         r = r[0] if isinstance(r, list) and r else r
         self.served[tuple(ids)] = sglang_served(_field(r, "meta_info"))
         out = _field(r, "output_ids")
+        if out is None:
+            out = _field(r, "token_ids")  # older SGLang releases (DFLASH.md §7)
         if not isinstance(out, list):
-            raise ReferenceError(f"the answer has no output_ids list: {snippet(json.dumps(r))}")
+            raise ReferenceError(f"the answer has no output_ids list (nor token_ids, as older SGLang releases say): {snippet(json.dumps(r))}")
         finish = _field(r, "meta_info", "finish_reason")
         kind = _field(finish, "type")
         if kind not in (None, "stop", "length"):
