@@ -172,3 +172,19 @@ def test_replay_equals_online_loop(smollm2, prompt_idx, anchors, tf_stride):
         assert anchors == "visited" and tf_stride > 1 or [b.proposal for b in blocks] == [b.proposal for b in online.blocks]
         assert loop_counters(c) == loop_counters(online.counters)  # one step counter (metrics.count_step) for both
         assert len({tuple(b.proposal) for b in blocks}) > 1, "proposals should depend on the context"
+
+
+def test_online_bench_with_no_verify_step_leaves_tau_and_the_step_time_undefined(qwen3_target, make_drafter):
+    """One new token comes from the prefill alone: no verify step, so τ, the time per step and the speeds
+    predicted from it are None and print "-", never 0; with steps they are numbers."""
+    from dflash.online.speed import bench_online, format_online
+
+    drafter = make_drafter(qwen3_target, num_layers=1, num_taps=3, block_size=4, seed=3)
+    o = bench_online(qwen3_target, drafter, [PROMPT, [20, 21, 22]], 1, compile=False, hf_static=False)
+    assert o.rate("dflash").tokens == 2 and o.step_ms["draft"] > 0 and o.step_ms["target_step"] > 0
+    assert o.tau is None and o.step_ms["dflash_step"] is None and o.step_ms["host"] is None and o.predicted_tok_s(3.0) is None
+    text = format_online(o)
+    assert "tok/s at τ - (same output" in text and "DFlash - ms = draft" in text and "+ host -;" in text
+    assert "τ 1.8: - tok/s (-x target-only)" in text
+    ran = bench_online(qwen3_target, drafter, [PROMPT], 8, compile=False, hf_static=False)
+    assert ran.tau >= 1 and ran.step_ms["dflash_step"] > 0 and ran.predicted_tok_s(3.0) > 0 and " - " not in format_online(ran)

@@ -132,6 +132,15 @@ def test_html_marks_accepted_rejected_and_bonus(byte_tok):
     assert "run&lt;1&gt;" in page and "p&lt;1&gt;" in page
 
 
+def test_a_prompt_without_a_verify_step_shows_tau_undefined(byte_tok):
+    """A one-token reference comes from the prefill alone: no verify step, τ None, shown "-" in the contents and the heading, never 0."""
+    c, _, rec = _run(byte_tok, "a")
+    assert c.steps == 0 and rec["acceptance_length"] is None and rec["blocks"] == []
+    page = samples_html([rec])
+    assert "<td>τ -</td>" in page and "τ = - over 0 verify steps" in page and "0.000" not in page
+    assert parse(page).spans == [("pre", "a")]
+
+
 def test_html_escapes_hostile_prompts_and_model_text(byte_tok):
     _, _, rec = _run(byte_tok, f"ok {HOSTILE}\n  end", prompt_text=HOSTILE)
     rec = {**rec, "id": HOSTILE, "subset": HOSTILE}

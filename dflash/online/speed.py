@@ -17,7 +17,8 @@ Batch 1 runs the prompts one after another; batch b splits them into batches of 
 
 The online loop's time per step is split into its draft and verify passes (CUDA events over
 repeated replays at one position) and the rest (host: reading the step's result, acceptance,
-rollback), so the speed at another acceptance length τ follows: τ / (time per step).
+rollback), so the speed at another acceptance length τ follows: τ / (time per step). What is
+undefined (τ and the time per step with no verify step, a speed over no time) is None, printed "-".
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dflash.models.drafter import DFlashDrafter
 from dflash.models.generator import Generator, length_batches
 from dflash.models.target import Target
 from dflash.online.speculative import OnlineDecoder
+from dflash.stages.metrics import ratio
 from dflash.util.progress import log
 
 
@@ -44,8 +46,8 @@ class Rate:
     setup_s: float = 0.0  # one-time cost: compile, capture, first-call overhead
 
     @property
-    def tok_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+    def tok_s(self) -> float | None:
+        return ratio(self.tokens, self.seconds)  # None: nothing timed
 
 
 @dataclass
@@ -68,18 +70,19 @@ class OnlineBench:
     dtype: str
     prompts: int
     max_new_tokens: int
-    tau: float  # committed tokens per verify step, bonus included
+    tau: float | None  # committed tokens per verify step, bonus included; None: no verify step
     same_as_target_only: float = 0.0  # fraction of prompts whose DFlash output equals target-only decoding's
     rates: list[Rate] = field(default_factory=list)  # target_only, dflash (, hf_static) at batch 1
-    step_ms: dict[str, float] = field(default_factory=dict)  # target_step, draft, verify, dflash_step, host
+    step_ms: dict[str, float | None] = field(default_factory=dict)  # target_step, draft, verify, dflash_step, host; None: no step
     setup_detail: dict[str, float] = field(default_factory=dict)
 
     def rate(self, method: str) -> Rate | None:
         return next((r for r in self.rates if r.method == method), None)
 
-    def predicted_tok_s(self, tau: float) -> float:
-        """DFlash tokens/s at acceptance length tau, from the measured time per step."""
-        return tau / self.step_ms["dflash_step"] * 1e3
+    def predicted_tok_s(self, tau: float) -> float | None:
+        """DFlash tokens/s at acceptance length tau, from the measured time per step (None: no step was timed)."""
+        step = self.step_ms["dflash_step"]
+        return None if step is None else ratio(tau * 1e3, step)
 
 
 def _sync(device: torch.device) -> None:
@@ -198,7 +201,7 @@ def bench_online(target: Target, drafter: DFlashDrafter, prompts: list[list[int]
     compile: inductor before capture (CUDA only; ~80 s once for SmolLM2's shape on an H200)."""
     dev = target.device
     max_len = max(len(p) for p in prompts) + max_new_tokens
-    res = OnlineBench(str(dev), str(target.dtype).replace("torch.", ""), len(prompts), max_new_tokens, tau=0.0)
+    res = OnlineBench(str(dev), str(target.dtype).replace("torch.", ""), len(prompts), max_new_tokens, tau=None)
 
     t0 = time.perf_counter()
     gen = Generator(target, 1, max(len(p) for p in prompts), max_new_tokens, compile=compile)
@@ -222,18 +225,19 @@ def bench_online(target: Target, drafter: DFlashDrafter, prompts: list[list[int]
     _sync(dev)
     secs = time.perf_counter() - t0
     tokens, steps = sum(len(o.tokens) for o in outs), sum(o.counters.steps for o in outs)
-    res.tau = sum(o.counters.committed for o in outs) / max(steps, 1)
+    res.tau = ratio(sum(o.counters.committed for o in outs), steps)
     res.rates.append(Rate("dflash", 1, tokens, secs, setup_s=setup))
     res.setup_detail.update({f"dflash_{k}": v for k, v in dec.eng.setup_s.items()})
     res.same_as_target_only = sum(o.tokens == b for o, b in zip(outs, base)) / len(prompts)
 
     pos = len(prompts[-1]) + 1  # time the passes alone, at one position (replays do not move it)
     dec.pos.fill_(pos)
-    res.step_ms["draft"] = _event_ms(lambda: dec.draft(view=pos), 50, dev)
-    res.step_ms["verify"] = _event_ms(lambda: dec.verify(view=pos + dec.B), 50, dev)
-    res.step_ms["dflash_step"] = secs * 1e3 / max(steps, 1)
-    res.step_ms["host"] = res.step_ms["dflash_step"] - res.step_ms["draft"] - res.step_ms["verify"]
-    res.step_ms["target_step"] = res.rate("target_only").seconds * 1e3 / max(res.rate("target_only").tokens, 1)
+    draft = res.step_ms["draft"] = _event_ms(lambda: dec.draft(view=pos), 50, dev)
+    verify = res.step_ms["verify"] = _event_ms(lambda: dec.verify(view=pos + dec.B), 50, dev)
+    step = res.step_ms["dflash_step"] = ratio(secs * 1e3, steps)
+    res.step_ms["host"] = None if step is None else step - draft - verify
+    t = res.rate("target_only")
+    res.step_ms["target_step"] = ratio(t.seconds * 1e3, t.tokens)
 
     if hf_static and dev.type == "cuda":
         run = lambda: hf_generate(target, prompts, max_new_tokens, 1, static=True)  # noqa: E731
@@ -244,14 +248,23 @@ def bench_online(target: Target, drafter: DFlashDrafter, prompts: list[list[int]
     return res
 
 
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)  # undefined (nothing timed, no verify step): "-", never 0
+
+
+def _x(a: float | None, b: float | None) -> str:
+    """a / b as a speed-up, "-" where either is undefined."""
+    return _f(None if a is None or b is None else ratio(a, b), ".2f")
+
+
 def format_generation(g: GenerationBench) -> str:
     lines = [f"generation ({g.device}, {g.dtype}, {g.prompts} prompts, {g.max_new_tokens} new tokens at most):"]
     for r in g.rates:
         same = g.same_as_hf.get(f"{r.method}@{r.batch}")
         hf_s = g.rate("hf_static", r.batch)
-        vs = f", {r.tok_s / hf_s.tok_s:.2f}x hf_static" if hf_s and r.method != "hf_static" and hf_s.tok_s else ""
+        vs = f", {_x(r.tok_s, hf_s.tok_s)}x hf_static" if hf_s and r.method != "hf_static" and hf_s.tok_s else ""
         lines.append(
-            f"  {r.method:<16} batch {r.batch:>3}: {r.tok_s:9.1f} tok/s ({r.tokens} tokens in {r.seconds:.2f} s{vs})"
+            f"  {r.method:<16} batch {r.batch:>3}: {_f(r.tok_s, '.1f'):>9} tok/s ({r.tokens} tokens in {r.seconds:.2f} s{vs})"
             f", setup {r.setup_s:.1f} s" + (f", same as hf_dynamic {same:.0%}" if same is not None else "")
         )
     return "\n".join(lines)
@@ -259,16 +272,16 @@ def format_generation(g: GenerationBench) -> str:
 
 def format_online(o: OnlineBench, taus: Sequence[float] = (1.8, 3.0)) -> str:
     t, d, h = o.rate("target_only"), o.rate("dflash"), o.rate("hf_static")
-    s = o.step_ms
+    s = {k: _f(v, ".3f") for k, v in o.step_ms.items()}
     lines = [
         f"online, batch 1 ({o.device}, {o.dtype}, {o.prompts} prompts, {o.max_new_tokens} new tokens at most):",
-        f"  target-only {t.tok_s:.1f} tok/s, DFlash {d.tok_s:.1f} tok/s at τ {o.tau:.2f} (same output: {o.same_as_target_only:.0%} of prompts)"
-        f": {d.tok_s / t.tok_s:.2f}x target-only"
-        + (f", {d.tok_s / h.tok_s:.2f}x hf_static ({h.tok_s:.1f} tok/s, setup {h.setup_s:.1f} s)" if h else ""),
-        f"  per step: target-only {s['target_step']:.3f} ms; DFlash {s['dflash_step']:.3f} ms = draft {s['draft']:.3f} + verify "
-        f"{s['verify']:.3f} + host {s['host']:.3f}; setup: engine {t.setup_s:.1f} s, DFlash {d.setup_s:.1f} s",
+        f"  target-only {_f(t.tok_s, '.1f')} tok/s, DFlash {_f(d.tok_s, '.1f')} tok/s at τ {_f(o.tau, '.2f')} (same output: "
+        f"{o.same_as_target_only:.0%} of prompts): {_x(d.tok_s, t.tok_s)}x target-only"
+        + (f", {_x(d.tok_s, h.tok_s)}x hf_static ({_f(h.tok_s, '.1f')} tok/s, setup {h.setup_s:.1f} s)" if h else ""),
+        f"  per step: target-only {s['target_step']} ms; DFlash {s['dflash_step']} ms = draft {s['draft']} + verify "
+        f"{s['verify']} + host {s['host']}; setup: engine {t.setup_s:.1f} s, DFlash {d.setup_s:.1f} s",
         "  predicted from the time per step: " + ", ".join(
-            f"τ {x}: {o.predicted_tok_s(x):.0f} tok/s ({o.predicted_tok_s(x) / t.tok_s:.2f}x target-only"
-            + (f", {o.predicted_tok_s(x) / h.tok_s:.2f}x hf_static)" if h else ")") for x in taus),
+            f"τ {x}: {_f(o.predicted_tok_s(x), '.0f')} tok/s ({_x(o.predicted_tok_s(x), t.tok_s)}x target-only"
+            + (f", {_x(o.predicted_tok_s(x), h.tok_s)}x hf_static)" if h else ")") for x in taus),
     ]
     return "\n".join(lines)

@@ -137,13 +137,18 @@ def _reference_html(r: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _tau(r: dict[str, Any]) -> str:
+    """The prompt's τ; "-" where it made no verify step (undefined, not 0)."""
+    return "-" if r["acceptance_length"] is None else f'{r["acceptance_length"]:.3f}'
+
+
 def samples_html(records: list[dict[str, Any]], title: str = "") -> str:
     e = html.escape
-    toc = "".join(f'<tr><td><a href="#s{n}">{e(r["id"])}</a></td><td>{e(r["subset"])}</td><td>τ {r["acceptance_length"] or 0:.3f}</td>'
+    toc = "".join(f'<tr><td><a href="#s{n}">{e(r["id"])}</a></td><td>{e(r["subset"])}</td><td>τ {_tau(r)}</td>'
                   f'<td>{r["steps"]} steps</td></tr>' for n, r in enumerate(records))
     body = []
     for n, r in enumerate(records):
-        tau = f'{r["acceptance_length"]:.3f}' if r["acceptance_length"] is not None else "n/a"
+        tau = _tau(r)
         body.append(
             f'<section id="s{n}"><h2>{e(r["id"])} <small>({e(r["subset"])})</small>: τ = {tau} over {r["steps"]} verify steps</h2>'
             f'<details><summary>prompt ({r["prompt_tokens"]} tokens rendered)</summary><pre class="prompt">{e(r["prompt"])}</pre></details>'
