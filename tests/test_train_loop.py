@@ -38,7 +38,7 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
         run = tmp_path / "runs" / v
         assert (run / "step_2" / "checkpoint.pt").is_file() and (run / "step_4" / "checkpoint.pt").is_file()
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        assert {"loss", "lr", "tokens_per_s"} <= set(rows[0]) and any("acc_1" in r for r in rows)
+        assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(rows[0]) and any("acc_1" in r for r in rows)  # clipping on: its norm
         assert all(r["wall_s_per_step"] > 0 for r in rows if "acc_1" in r)
         for step in (2, 4):  # exported weights-only folders load as kind=training
             ld = load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=step)
@@ -134,3 +134,30 @@ def test_training_ratios_over_nothing_stay_undefined():
     assert s["tf_expected_tau"] == 1 + 0.75 + 0.0  # summed up to the first undefined slot
     assert summarise(Window(hit_own=torch.zeros(3), hit_clean=torch.zeros(3), count=torch.zeros(3), prefix=torch.zeros(3), n=1), 4)["acc"] is None
     assert Window().tokens_per_s is None
+
+
+def test_a_step_logs_no_grad_norm_without_clipping_and_no_flip_rate_over_no_label(target, seqs, tmp_path):
+    """optim.grad_clip=0 computes no gradient norm: none is logged (not 0.0). Bug 1's label flip rate over no valid
+    label is None, and a window of such steps has none either (not 0)."""
+    from dflash.train.metrics import Window
+    from dflash.train.step import VariantInputs, step_stats
+
+    T.train(tiny_cfg(tmp_path, optim={"grad_clip": 0.0, "steps": 2}), target=target, seqs=seqs)
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "fixed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2] and all("grad_norm" not in r for r in rows)
+    labels, clean = torch.tensor([[[3, 4, 5, 6]]]), torch.tensor([[[3, 4, 7, 6]]])  # [S, N, B]: slot 2's label flipped
+    logits = torch.zeros(1, 1, 4, 8)
+
+    def stats(valid: list[bool], noisy: bool = True):
+        x = VariantInputs(torch.zeros(0), torch.zeros(0), labels, clean, torch.tensor([[valid]]))
+        return step_stats(logits, x, 0.5, None, noisy)
+
+    assert stats([True, True, True, False]).label_flip_rate == pytest.approx(1 / 3)
+    assert stats([True, True, True, False], noisy=False).label_flip_rate is None
+    none = stats([False] * 4)
+    assert none.label_flip_rate is None and none.tokens == 0 and none.grad_norm is None
+    w = Window()
+    w.add(none, 0.1)
+    assert w.label_flip_rate is None
+    w.add(stats([True, True, True, True]), 0.1)
+    assert w.label_flip_rate == pytest.approx(1 / 4) and w.n == 2

@@ -201,18 +201,19 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
     return {lv.rs.variant.name: finish(lv) for lv in live}
 
 
-def after_step(lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm: float, exports: set[int]) -> None:
+def after_step(lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm: float | None, exports: set[int]) -> None:
     """Log rows, metrics, checkpoints and exports of one variant after its step."""
     rs, w = lv.rs, lv.window
     if rs.step % int(cfg.log_every) == 0 or rs.step == total:
-        lv.tracker.log(rs.step, {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": w.tokens_per_s})
+        norm = {} if grad_norm is None else {"grad_norm": grad_norm}  # clipping off: not computed, not logged
+        lv.tracker.log(rs.step, {"loss": loss, "lr": lr, **norm, "tokens_per_s": w.tokens_per_s})
     if rs.step % int(cfg.metrics_every) == 0 or rs.step == total:
         s = summarise(w, int(rs.model.cfg.block_size))
         s.update(loss_avg=w.loss / w.n, tokens_per_s=w.tokens_per_s, wall_time_s=rs.time, train_tokens=rs.tokens)
         s["wall_s_per_step"] = (time.time() - lv.mark[0]) / max(rs.step - lv.mark[1], 1)  # all variants, data and logging included
         lv.mark = (time.time(), rs.step)
         if rs.variant.bugs.noisy_labels:
-            s["label_flip_rate"] = w.flip / w.n
+            s["label_flip_rate"] = w.label_flip_rate
         lv.tracker.log(rs.step, s)
         lv.summary = {"step": rs.step, **s}
         specs = (("acc", ".3f"), ("acc_1", ".3f"), ("tf_expected_tau", ".2f"), ("tokens_per_s", ".0f"))

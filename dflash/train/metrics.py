@@ -33,22 +33,24 @@ class Window:
     n: int = 0  # steps
     tokens: int = 0
     time: float = 0.0  # the variant's own seconds
-    flip: float = 0.0
+    flip: float = 0.0  # bug 1's label flip rates, summed over the steps that had one
+    flip_n: int = 0
 
     def add(self, m: StepStats, dt: float) -> None:
         self.hit_own, self.hit_clean = self.hit_own + m.hit_own, self.hit_clean + m.hit_clean
         self.count, self.prefix = self.count + m.count, self.prefix + m.prefix
-        self.loss, self.n, self.tokens, self.time, self.flip = (
-            self.loss + m.loss,
-            self.n + 1,
-            self.tokens + m.tokens,
-            self.time + dt,
-            self.flip + m.label_flip_rate,
-        )
+        self.loss, self.n, self.tokens, self.time = self.loss + m.loss, self.n + 1, self.tokens + m.tokens, self.time + dt
+        if m.label_flip_rate is not None:
+            self.flip, self.flip_n = self.flip + m.label_flip_rate, self.flip_n + 1
 
     @property
     def tokens_per_s(self) -> float | None:
         return ratio(self.tokens, self.time)
+
+    @property
+    def label_flip_rate(self) -> float | None:
+        """Bug 1: the mean of the steps' label flip rates; None where no step had a valid label."""
+        return ratio(self.flip, self.flip_n)
 
 
 def summarise(w: Window, B: int) -> dict[str, float | None]:

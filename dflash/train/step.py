@@ -19,6 +19,7 @@ from torch import Tensor
 
 from dflash.config.train import BugsConfig
 from dflash.models.drafter import DFlashDrafter
+from dflash.stages.metrics import ratio
 from dflash.train.batch import Batch
 from dflash.train.labels import block_labels, bug1_labels, noised
 from dflash.train.loss import dflash_loss
@@ -48,12 +49,12 @@ class VariantInputs:
 @dataclass
 class StepStats:
     loss: float
-    grad_norm: float
+    grad_norm: float | None  # before clipping; None: clipping off (optim.grad_clip=0), not computed
     hit_own: Tensor  # [B-1] slots right against the variant's own labels
     hit_clean: Tensor  # [B-1] ... against the greedy tokens
     count: Tensor  # [B-1] valid slots
     prefix: Tensor  # [B-1] blocks whose slots 1..k are all right (own labels)
-    label_flip_rate: float  # bug 1: share of valid labels that are not the greedy token
+    label_flip_rate: float | None  # bug 1: share of valid labels that are not the greedy token; None: not bug 1, or no valid label
     tokens: int  # labelled slots
 
 
@@ -112,18 +113,19 @@ def train_step(
         loss = dflash_loss(logits, x.labels, x.slot_valid, s.gamma, dilution_bug=bugs.loss_dilution)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip) if s.grad_clip and s.grad_clip > 0 else torch.tensor(0.0)
+    gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)) if s.grad_clip and s.grad_clip > 0 else None
     opt.step()
-    return step_stats(logits.detach(), x, float(loss.detach()), float(gnorm), bugs.noisy_labels)
+    return step_stats(logits.detach(), x, float(loss.detach()), gnorm, bugs.noisy_labels)
 
 
 @torch.no_grad()
-def step_stats(logits: Tensor, x: VariantInputs, loss: float, grad_norm: float, noisy_labels: bool) -> StepStats:
+def step_stats(logits: Tensor, x: VariantInputs, loss: float, grad_norm: float | None, noisy_labels: bool) -> StepStats:
     """Teacher-forced counters of one step's predictions logits [S, N, B, V]."""
     pred, v = logits.argmax(-1), x.slot_valid.float()  # [S, N, B]
     hit_own = ((pred == x.labels).float() * v).sum((0, 1))[1:]  # [B-1]
     hit_clean = ((pred == x.clean).float() * v).sum((0, 1))[1:]
     count = v.sum((0, 1))[1:]
     ok = ((pred == x.labels) | ~x.slot_valid)[..., 1:].long().cumprod(-1).float() * v[..., 1:]  # slots 1..k all right
-    flips = float(((x.labels != x.clean) & x.slot_valid).float().sum() / v.sum().clamp(min=1)) if noisy_labels else 0.0
-    return StepStats(loss, grad_norm, hit_own.cpu(), hit_clean.cpu(), count.cpu(), ok.sum((0, 1)).cpu(), flips, int(x.slot_valid.sum()))
+    tokens = int(x.slot_valid.sum())
+    flips = ratio(int(((x.labels != x.clean) & x.slot_valid).sum()), tokens) if noisy_labels else None
+    return StepStats(loss, grad_norm, hit_own.cpu(), hit_clean.cpu(), count.cpu(), ok.sum((0, 1)).cpu(), flips, tokens)
