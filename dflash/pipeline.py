@@ -24,7 +24,7 @@ from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
-from dflash.stages.metrics import accuracy_se, position_curves, summarize
+from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
 from dflash.stages.references import ReferenceOptions, check_references, get_references
 from dflash.stages.replay import ReplayOptions, prepare, replay_group
@@ -233,7 +233,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
         tau, leak_tau = metrics["acceptance_length"], lm["acceptance_length"]
         metrics["leak_probe/tau_gain"] = None if tau is None or leak_tau is None else leak_tau - tau  # undefined without a verify step
-    metrics["tokens_per_second_replay"] = total.new_tokens / max(timings.get("replay", 0.0), 1e-9)
+    metrics["tokens_per_second_replay"] = ratio(total.new_tokens, timings.get("replay", 0.0))  # None: no replay was timed
     metrics.update(ref_stats.metrics())
     metrics.update(served_metrics([(r.counters, s) for r in results if (s := ref_stats.served.get(tuple(r.prompt_ids))) is not None]))
     dc = drafter.model.cfg

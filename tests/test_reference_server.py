@@ -429,3 +429,13 @@ def test_the_served_tau_is_pooled_over_prompts_beside_the_offline_one(qwen3_dir,
     offline = sum(r.counters.new_tokens for r in res.prompts) / sum(r.counters.steps for r in res.prompts)
     assert m["served/offline_like"] == offline and m["served/gap"] == pytest.approx(offline - sum(ct) / sum(vs))
     assert m["served/gap_se"] is not None and "served τ (the server's own counters, 3 prompts)" in summary(res)
+
+
+def test_a_probe_over_no_served_token_leaves_the_agreement_undefined(qwen3_target, tmp_path):
+    """Server references with no token: the prefix agreement is 0/0, None (not logged, no warning), not 0."""
+    from dflash.stages.references import ReferenceOptions, ReferenceStats, _probe
+
+    st = ReferenceStats()
+    _probe(qwen3_target, PROMPTS, [[], [], []], 6, {}, tmp_path, ReferenceOptions(source="sglang", probe_prompts=2), NAMES, st)
+    assert st.probe_prompts == 2 and st.probe_prefix_agreement is None and st.probe_exact_match == 0.0 and not st.warnings
+    assert st.metrics() == {"references/probe_prefix_agreement": None, "references/probe_exact_match": 0.0}

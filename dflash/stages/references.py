@@ -47,6 +47,7 @@ from dflash.models.generator import COMPILE_CHOICES
 from dflash.models.sampling import Sampling
 from dflash.stages.client import snippet
 from dflash.stages.generate import greedy_generate
+from dflash.stages.metrics import ratio
 from dflash.stages.reference_cache import ReferenceCache, completion_problem, reference_key
 from dflash.stages.served import Served
 from dflash.stages.server import Server, server_generate
@@ -110,11 +111,10 @@ class ReferenceStats:
     warnings: list[str] = field(default_factory=list)
     served: dict[tuple[int, ...], Served] = field(default_factory=dict)  # prompt ids -> the server's speculative counters (stages/served.py)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float | None]:
         if not self.probe_prompts:
             return {}
-        return {"references/probe_prefix_agreement": float(self.probe_prefix_agreement or 0.0),
-                "references/probe_exact_match": float(self.probe_exact_match or 0.0)}
+        return {"references/probe_prefix_agreement": self.probe_prefix_agreement, "references/probe_exact_match": self.probe_exact_match}
 
 
 # --- plan and run -----------------------------------------------------------------------------
@@ -239,12 +239,12 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
     served = [refs[i] for i in idx]
     same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
     stats.probe_prompts = k
-    stats.probe_prefix_agreement = sum(same) / max(1, sum(map(len, served)))
+    agreement = stats.probe_prefix_agreement = ratio(sum(same), sum(map(len, served)))  # None: the server gave no token to compare
     stats.probe_exact_match = sum(x == y for x, y in zip(local, served)) / k
-    log.info("references: probe: %.1f%% of the server's tokens agree with the local target before the first divergence; %d of %d identical",
-             100 * stats.probe_prefix_agreement, round(stats.probe_exact_match * k), k)
-    if stats.probe_prefix_agreement < o.probe_min_agreement:
-        w = (f"the {o.source} server's references agree with the local target on {stats.probe_prefix_agreement:.1%} of tokens before the first "
+    log.info("references: probe: %s of the server's tokens agree with the local target before the first divergence; %d of %d identical",
+             "-" if agreement is None else f"{agreement:.1%}", round(stats.probe_exact_match * k), k)
+    if agreement is not None and agreement < o.probe_min_agreement:
+        w = (f"the {o.source} server's references agree with the local target on {agreement:.1%} of tokens before the first "
              f"divergence ({round(stats.probe_exact_match * k)} of {k} probe prompts identical), below references.probe_min_agreement="
              f"{o.probe_min_agreement:g}: the server runs another model, dtype or template than the target, so τ is measured against its outputs")
         log.warning("references: %s", w)

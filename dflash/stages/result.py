@@ -55,7 +55,7 @@ class RunInfo:
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]  # MLflow names (dflash.stages.metrics.summarize)
+    metrics: dict[str, float | None]  # MLflow names (dflash.stages.metrics.summarize); None: undefined, not logged
     curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
     prompts: list[PromptResult]
     total: Counters  # summed over prompts
