@@ -1,7 +1,9 @@
 """The field's benchmarks (dflash/stages/benchmarks.py) from local copies in the hub's own schema
 (tests/hub_copies.py): the user message of DFLASH.md §7 word for word, z-lab's seed-42 selection,
 bad copies refused naming the data set, the file and what to set (also through evaluate.py's
-pre-flight, before torch loads), and MT-Bench's second turn asked after the target's own first answer."""
+pre-flight, before torch loads), LiveCodeBench from the hub as JSON files, an unreachable hub, MT-Bench's
+second turn (and a JSONL line's) asked after the target's own first answer, and the thinking-mode warning
+for the Qwen3-4B/8B public drafters."""
 
 import os
 import random
@@ -262,3 +264,87 @@ def test_mt_bench_turn_2_is_asked_after_the_targets_own_turn_1_reference(qwen3_d
     assert m["acceptance_length/mt_bench/turn_1"] is not None and m["acceptance_length/mt_bench/turn_2"] is not None
     assert {r.prompt.subset for r in res.prompts} == {"mt_bench/turn_1", "mt_bench/turn_2"}
     assert "mt_bench/turn_1" in summary(res) and "mt_bench/turn_2" in summary(res)
+
+
+def test_a_jsonl_line_ending_in_two_unanswered_user_turns_is_two_turns(tmp_path):
+    """A JSONL prompt whose messages end with two user turns without an answer between them: turn 1 is the conversation up
+    to the first, turn 2 adds the target's answer to it and the second; one unanswered turn passes unchanged."""
+    import json
+
+    f = tmp_path / "chat.jsonl"
+    lines = [{"id": "c1", "messages": [{"role": "user", "content": "u1"}, {"role": "user", "content": "u2"}]},
+             {"id": "c2", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
+                                       {"role": "user", "content": "b"}, {"role": "user", "content": "c"}]},
+             {"id": "c3", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "A"}, {"role": "user", "content": "b"}]}]
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ps = expand(load_prompts("jsonl", str(f)))
+    assert [(p.id, p.subset) for p in ps] == [("c1/turn_1", "chat/turn_1"), ("c1/turn_2", "chat/turn_2"), ("c2/turn_1", "chat/turn_1"),
+                                              ("c2/turn_2", "chat/turn_2"), ("c3", "chat")]
+    assert ps[0].messages == (("user", "u1"),)
+    assert fill(ps[1], ["R1"]).messages == (("user", "u1"), ("assistant", "R1"), ("user", "u2"))
+    assert ps[2].messages == (("system", "S"), ("user", "a"), ("assistant", "A"), ("user", "b"))
+    assert fill(ps[3], ["R2"]).messages == (("system", "S"), ("user", "a"), ("assistant", "A"), ("user", "b"), ("assistant", "R2"), ("user", "c"))
+    assert ps[4].messages == (("user", "a"), ("assistant", "A"), ("user", "b"))
+
+
+def _tiny_cfg(qwen3_dir, tmp_path, prompts, thinking=False, drafter_name=None):
+    from dflash.config.schema import DrafterSchema, EvalConfig, TargetConfig, TemplateConfig
+
+    target = TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250, template=TemplateConfig(enable_thinking=thinking))
+    return EvalConfig(target=target,
+                      drafter=DrafterSchema(kind="init", num_taps=2, name=drafter_name), prompts=prompts, cache_dir=str(tmp_path), num_samples=0)
+
+
+def test_a_jsonl_multi_turn_prompt_runs_both_turns_after_the_targets_own_answer(qwen3_dir, tokenizer, tmp_path):
+    """The tiny target end to end: the JSONL line's turn 2 holds the decoded turn-1 reference; both turns replayed and reported."""
+    import json
+
+    from dflash import pipeline
+    from dflash.config.schema import PromptsConfig
+
+    f = tmp_path / "chat.jsonl"
+    f.write_text(json.dumps({"id": "c1", "messages": [{"role": "user", "content": "t40 t41 t42"}, {"role": "user", "content": "t50 t51"}]}) + "\n")
+    res = pipeline.run(_tiny_cfg(qwen3_dir, tmp_path, PromptsConfig(source="jsonl", path=str(f), max_new_tokens=8)))
+    by_id = {r.prompt.id: r for r in res.prompts}
+    assert sorted(by_id) == ["c1/turn_1", "c1/turn_2"]
+    t1, t2 = by_id["c1/turn_1"], by_id["c1/turn_2"]
+    assert t2.prompt.messages == (("user", "t40 t41 t42"), ("assistant", tokenizer.decode(t1.reference, skip_special_tokens=True)),
+                                  ("user", "t50 t51"))
+    assert res.metrics["acceptance_length/chat/turn_1"] is not None and res.metrics["acceptance_length/chat/turn_2"] is not None
+
+
+@pytest.mark.parametrize("drafter, thinking, warned", [
+    ({"kind": "hf", "path": "/models/z-lab/Qwen3-8B-DFlash-b16"}, True, True),
+    ({"kind": "training", "run_dir": "/runs/qwen3-4b-dflash-b16-finetune"}, True, True),
+    ({"kind": "init", "name": "Qwen3-4B-DFlash-b16"}, True, True),
+    ({"kind": "hf", "path": "/models/z-lab/Qwen3-8B-DFlash-b16"}, False, False),
+    ({"kind": "hf", "path": "/models/z-lab/Qwen3-Coder-30B-A3B-DFlash"}, True, False),  # trained otherwise: no claim
+    ({"kind": "init"}, True, False),
+])
+def test_thinking_on_with_a_qwen3_4b_8b_public_drafter_warns(drafter, thinking, warned, caplog):
+    from dflash.config.schema import DrafterSchema, EvalConfig, PromptsConfig, TargetConfig, TemplateConfig
+    from dflash.pipeline import thinking_warning
+
+    cfg = EvalConfig(target=TargetConfig(name="qwen3_8b", kind="hf", path="/models/Qwen3-8B", template=TemplateConfig(enable_thinking=thinking)),
+                     drafter=DrafterSchema(**drafter), prompts=PromptsConfig(source="gsm8k"))
+    with caplog.at_level("WARNING"):
+        got = thinking_warning(cfg)
+    if not warned:
+        assert got == [] and not caplog.records
+        return
+    (w,) = got
+    assert "target.template.enable_thinking=true" in w and "without thinking traces" in w and "set target.template.enable_thinking=false" in w
+    assert any(w in r.getMessage() for r in caplog.records)  # logged as it is found, before the models load
+
+
+def test_the_thinking_warning_reaches_the_run_and_its_summary(qwen3_dir, tmp_path):
+    from dflash import pipeline
+    from dflash.config.schema import PromptsConfig
+    from dflash.report.console import summary
+
+    prompts = PromptsConfig(source="builtin", num_prompts=1, max_new_tokens=4)
+    res = pipeline.run(_tiny_cfg(qwen3_dir, tmp_path, prompts, thinking=True, drafter_name="Qwen3-8B-DFlash-b16"))
+    assert sum("without thinking traces" in w for w in res.warnings) == 1
+    assert "WARNING: target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter" in summary(res)
+    off = pipeline.run(_tiny_cfg(qwen3_dir, tmp_path, prompts, thinking=False, drafter_name="Qwen3-8B-DFlash-b16"))
+    assert not any("thinking" in w for w in off.warnings)
