@@ -57,12 +57,12 @@ def test_paired_se_matches_the_formula_and_beats_unpaired():
 
 
 def test_compare_rows_and_subsets():
-    out = {r["metric"]: r for r in compare(align(_rows(2), _rows(2, shift=0.1), ID, ID))}
+    out = {r.metric: r for r in compare(align(_rows(2), _rows(2, shift=0.1), ID, ID))}
     assert {"acceptance_length", "acceptance_length/x", "acceptance_length/y", "accuracy/pos_01", "nll_mean"} <= out.keys()
-    assert out["acceptance_length"]["diff"] > 0 and out["acceptance_length"]["z"] > 2
-    assert out["nll_mean"]["a"] == pytest.approx(4.0) and out["nll_mean"]["diff"] == pytest.approx(0.0)
+    assert out["acceptance_length"].diff > 0 and out["acceptance_length"].z > 2
+    assert out["nll_mean"].a == pytest.approx(4.0) and out["nll_mean"].diff == pytest.approx(0.0)
     unscored = [dataclasses.replace(r, tf_nll=None) for r in _rows(2)]  # a run without scores=true: no NLL row
-    assert "nll_mean" not in {r["metric"] for r in compare(align(unscored, _rows(2), ID, ID))}
+    assert "nll_mean" not in {r.metric for r in compare(align(unscored, _rows(2), ID, ID))}
 
 
 def test_other_prompts_or_references_are_refused():
@@ -106,7 +106,7 @@ def test_undefined_stays_undefined():
     assert paired_ratio_diff([3.0], [2.0], [4.0], [2.0]) == (0.5, None)  # one prompt: no SE
     one = _rows(9, n=1)
     (row, *_) = compare(align(one, one, ID, ID))
-    assert row["se"] is None and row["z"] is None and " -" in render("a", "b", 1, [row])
+    assert row.se is None and row.z is None and " -" in render("a", "b", 1, [row])
 
 
 # --- files: the comparison and a sweep's table and plots ---------------------------------------
@@ -128,8 +128,8 @@ def test_compare_artifacts_are_the_table_and_a_plot():
     files = compare_artifacts("fixed@step_1633", "fixed@step_5037", rows)
     assert set(files) == {"compare_fixed@step_1633_vs_fixed@step_5037.csv", "compare_fixed@step_1633_vs_fixed@step_5037.png"}
     table = _csv(files["compare_fixed@step_1633_vs_fixed@step_5037.csv"])
-    assert [r["metric"] for r in table] == [r["metric"] for r in rows]
-    assert float(table[0]["diff"]) == pytest.approx(rows[0]["diff"], rel=1e-5) and float(table[0]["se"]) == pytest.approx(rows[0]["se"], rel=1e-5)
+    assert list(table[0]) == ["metric", "a", "b", "diff", "se", "z"] and [r["metric"] for r in table] == [r.metric for r in rows]
+    assert float(table[0]["diff"]) == pytest.approx(rows[0].diff, rel=1e-5) and float(table[0]["se"]) == pytest.approx(rows[0].se, rel=1e-5)
     assert _is_png(files["compare_fixed@step_1633_vs_fixed@step_5037.png"])
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
-from dflash.stages.metrics import PromptRow, paired_ratio_diff
+from dflash.stages.metrics import PromptRow, Rate, paired_ratio_diff
 from dflash.util.errors import UserError
 
 
@@ -42,6 +42,18 @@ class RunIdentity:
 
 
 Pair = tuple[PromptRow, PromptRow]
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One metric of `compare`: A's and B's value, the paired gap B − A, its SE and z; None where undefined."""
+
+    metric: str  # acceptance_length, acceptance_length/<subset>, accuracy/pos_0k, nll_mean
+    a: Rate
+    b: Rate
+    diff: Rate
+    se: Rate
+    z: Rate
 
 
 def rows_of(dicts: list[dict[str, Any]]) -> list[PromptRow]:
@@ -87,18 +99,18 @@ def align(rows_a: list[PromptRow], rows_b: list[PromptRow], run_a: RunIdentity, 
     return [(a[i], b[i]) for i in a]
 
 
-def _row(name: str, pairs: list[Pair], num: Callable[[PromptRow], float], den: Callable[[PromptRow], float]) -> dict[str, Any]:
+def _row(name: str, pairs: list[Pair], num: Callable[[PromptRow], float], den: Callable[[PromptRow], float]) -> CompareRow:
     """One metric's paired gap; None where undefined (no step on a side; an SE under 2 prompts; z over an SE of 0)."""
     na, da = [num(x) for x, _ in pairs], [den(x) for x, _ in pairs]
     nb, db = [num(y) for _, y in pairs], [den(y) for _, y in pairs]
     d, se = paired_ratio_diff(na, da, nb, db)
     a = sum(na) / sum(da) if sum(da) else None
     b = sum(nb) / sum(db) if sum(db) else None
-    return {"metric": name, "a": a, "b": b, "diff": d, "se": se, "z": d / se if d is not None and se else None}
+    return CompareRow(name, a, b, d, se, d / se if d is not None and se else None)
 
 
-def compare(pairs: list[Pair]) -> list[dict[str, Any]]:
-    """-> rows {metric, a, b, diff, se, z}: τ overall and per subset, tf accuracy at slots 1-3, NLL."""
+def compare(pairs: list[Pair]) -> list[CompareRow]:
+    """-> one row per metric: τ overall and per subset, tf accuracy at slots 1-3, NLL."""
     out = [_row("acceptance_length", pairs, lambda r: r.committed, lambda r: r.steps)]
     subsets = sorted({x.subset for x, _ in pairs})
     if len(subsets) > 1:
@@ -114,19 +126,18 @@ def _f(x: float | None, spec: str, width: int) -> str:
     return f"{'-' if x is None else format(x, spec):>{width}}"
 
 
-def render(name_a: str, name_b: str, n: int, rows: list[dict[str, Any]]) -> str:
+def render(name_a: str, name_b: str, n: int, rows: list[CompareRow]) -> str:
     lines = [f"A = {name_a}   B = {name_b}   {n} prompts, paired by prompt", f"{'metric':<28}{'A':>8}{'B':>8}{'B-A':>9}{'± SE':>8}{'z':>7}"]
     for r in rows:
-        verdict = "" if r["z"] is None or abs(r["z"]) < 2 else ("  B higher" if r["diff"] > 0 else "  B lower")
-        lines.append(f"{r['metric']:<28}{_f(r['a'], '.3f', 8)}{_f(r['b'], '.3f', 8)}{_f(r['diff'], '+.3f', 9)}{_f(r['se'], '.3f', 8)}"
-                     f"{_f(r['z'], '+.1f', 7)}{verdict}")
+        verdict = "" if r.z is None or abs(r.z) < 2 else ("  B higher" if r.z > 0 else "  B lower")
+        lines.append(f"{r.metric:<28}{_f(r.a, '.3f', 8)}{_f(r.b, '.3f', 8)}{_f(r.diff, '+.3f', 9)}{_f(r.se, '.3f', 8)}{_f(r.z, '+.1f', 7)}{verdict}")
     lines.append("|z| >= 2: a measurable gap (lower NLL is better; higher τ and accuracy are better); -: undefined (no verify step, "
                  "an SE over fewer than 2 prompts, z over an SE of 0)")
     return "\n".join(lines)
 
 
 def table_csv(rows: list[dict[str, Any]]) -> str:
-    """Rows as CSV, columns in order of first appearance; floats to 6 significant digits, None empty."""
+    """Rows (column -> value) as CSV, columns in order of first appearance; floats to 6 significant digits, None empty."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -136,10 +147,10 @@ def table_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def compare_artifacts(name_a: str, name_b: str, rows: list[dict[str, Any]]) -> dict[str, bytes]:
+def compare_artifacts(name_a: str, name_b: str, rows: list[CompareRow]) -> dict[str, bytes]:
     """The comparison as files: `compare_<A>_vs_<B>.csv` (compare's rows) and `.png` (the gaps)."""
     from dflash.report import plots
 
     stem = re.sub(r"[^A-Za-z0-9_.@=-]+", "_", f"compare_{name_a}_vs_{name_b}")
     png = plots.gaps_png(rows, title=f"B = {name_b}  minus  A = {name_a}, paired by prompt")
-    return {f"{stem}.csv": table_csv(rows).encode(), f"{stem}.png": png}
+    return {f"{stem}.csv": table_csv([asdict(r) for r in rows]).encode(), f"{stem}.png": png}

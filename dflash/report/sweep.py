@@ -103,7 +103,7 @@ def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
                 row["note"] = f"not paired: {e}"
             else:
                 d = compare(pairs)[0]  # acceptance_length
-                row.update(delta_tau=d["diff"], delta_tau_se=d["se"], delta_tau_z=d["z"])
+                row.update(delta_tau=d.diff, delta_tau_se=d.se, delta_tau_z=d.z)
         elif not c.note and not c.rows:
             row["note"] = "no per-prompt rows (the job failed?)"
         row["run_id"] = c.run_id
