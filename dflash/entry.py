@@ -205,7 +205,7 @@ def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: O
         best = sweep.best(table)
         files = sweep.sweep_artifacts(children, title=parent.name) if children else {}
         note = console.sweep_markdown(parent.name, table, fails, final, reason)
-        tracking.finish_parent(uri, parent.run_id, final, files, (best["run"], best["run_id"]) if best else None, tags, note)
+        tracking.finish_parent(uri, parent.run_id, final, files, (best.run, best.run_id) if best else None, tags, note)
         print(f"\n{note}\nMLflow: sweep parent {parent.run_id} at {uri}")  # the children side by side, on the console too
     return [p.run_id for p in parents]
 

@@ -147,20 +147,21 @@ def test_sweep_table_pairs_every_child_with_the_first_that_finished():
             _kid("a@step_3", "id3", {"drafter.step": "3"}, better),
             _kid("a@step_4", "id4", {"drafter.step": "4"}, other_prompts)]
     t = sweep_table(kids)
-    assert [r["run"] for r in t] == ["a@step_1", "a@step_2", "a@step_3", "a@step_4"] and [r["drafter.step"] for r in t] == ["1", "2", "3", "4"]
-    assert t[0]["tau"] is None and "no per-prompt rows" in t[0]["note"]
+    assert [r.run for r in t] == ["a@step_1", "a@step_2", "a@step_3", "a@step_4"] and [r.values["drafter.step"] for r in t] == ["1", "2", "3", "4"]
+    assert t[0].tau is None and "no per-prompt rows" in t[0].note
     tau2 = sum(r.committed for r in base) / sum(r.steps for r in base)
-    assert t[1]["tau"] == pytest.approx(tau2) and t[1]["tau_se"] == pytest.approx(
+    assert t[1].tau == pytest.approx(tau2) and t[1].tau_se == pytest.approx(
         ratio_se([r.committed for r in base], [r.steps for r in base])
     )
-    assert t[1]["delta_tau"] == 0.0 and t[1]["delta_tau_z"] is None and t[1]["paired_against"] == "a@step_2"
+    assert t[1].delta_tau == 0.0 and t[1].delta_tau_z is None and t[1].paired_against == "a@step_2"
     col = lambda rows, k: [getattr(r, k) for r in rows]  # noqa: E731
     d, se = paired_ratio_diff(col(base, "committed"), col(base, "steps"), col(better, "committed"), col(better, "steps"))
-    assert (t[2]["delta_tau"], t[2]["delta_tau_se"]) == pytest.approx((d, se)) and t[2]["delta_tau_z"] > 2
+    assert (t[2].delta_tau, t[2].delta_tau_se) == pytest.approx((d, se)) and t[2].delta_tau_z > 2
     sub = [r for r in better if r.subset == "x"]
-    assert t[2]["tau/x"] == pytest.approx(sum(r.committed for r in sub) / sum(r.steps for r in sub))
-    assert t[3]["tau"] is not None and t[3]["delta_tau"] is None and "not paired" in t[3]["note"]
-    assert best(t)["run"] == "a@step_3"
+    assert t[2].tau_by_subset["x"] == pytest.approx(sum(r.committed for r in sub) / sum(r.steps for r in sub))
+    assert t[3].tau is not None and t[3].delta_tau is None and "different prompts" in t[3].not_paired
+    assert t[3].to_dict()["note"].startswith("not paired: the runs replayed different prompts")
+    assert best(t).run == "a@step_3"
 
 
 def test_sweep_leaves_out_of_the_pairing_a_child_over_other_references_and_says_which():
@@ -175,10 +176,10 @@ def test_sweep_leaves_out_of_the_pairing_a_child_over_other_references_and_says_
             Child.read("a@step_4", "id4", {"drafter.step": "4"}, _dicts(4), {}, {}),  # logged without the tags
             _kid("a@step_5", "id5", {"drafter.step": "5"}, _rows(4, shift=0.1))]
     t = sweep_table(kids)
-    assert [r["tau"] is not None for r in t] == [True] * 5
-    assert [r["delta_tau"] is None for r in t] == [False, True, True, True, False] and t[4]["delta_tau"] > 0
-    assert t[1]["note"].startswith("not paired: 1 prompts have other references: p4;")
-    assert "another dtype (A: float32, B: bfloat16)" in t[2]["note"] and "run B has no target_identity tag" in t[3]["note"]
+    assert [r.tau is not None for r in t] == [True] * 5
+    assert [r.delta_tau is None for r in t] == [False, True, True, True, False] and t[4].delta_tau > 0
+    assert t[1].not_paired.startswith("1 prompts have other references: p4;")
+    assert "another dtype (A: float32, B: bfloat16)" in t[2].not_paired and "run B has no target_identity tag" in t[3].not_paired
     md = sweep_markdown("sweep", t, [], "FINISHED")
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| a@")}
     assert rows["a@step_1"].endswith("| baseline |") and rows["a@step_5"].split("|")[-2].strip().startswith("+")
@@ -192,7 +193,10 @@ def test_sweep_artifacts_plot_against_the_swept_number():
     kids = [_kid(f"a@step_{s}", f"id{s}", {"drafter.step": str(s)}, _rows(6, shift=0.05 * i)) for i, s in enumerate((1633, 5037))]
     files = sweep_artifacts(kids, "drafter.step sweep")
     assert set(files) == {"sweep/children.csv", "sweep/tau.png", "sweep/per_position.png"}
-    assert [r["run"] for r in _csv(files["sweep/children.csv"])] == ["a@step_1633", "a@step_5037"]
+    table = _csv(files["sweep/children.csv"])
+    assert [r["run"] for r in table] == ["a@step_1633", "a@step_5037"]
+    assert list(table[0]) == ["run", "drafter.step", "tau", "tau_se", "num_prompts", "dataset", "published_tau", "tau/x", "tau/y", "delta_tau",
+                              "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id"]
     assert all(_is_png(files[k]) for k in ("sweep/tau.png", "sweep/per_position.png"))
     # rows with accepted_at_pos give the cumulative acceptance; drafter choices are categories
     with_acc = _rows(7)
@@ -253,7 +257,7 @@ def test_published_tau_only_for_a_public_drafter_on_its_own_target():
     assert published_tau({**pub, "drafter.path": "/ckpts/mine"}) is None
     kids = [_kid(f"Qwen3-8B-DFlash-b16 {d}", f"id{d}", {"prompts": d}, _rows(4), {**pub, "prompts.source": d}) for d in ("gsm8k", "mt_bench")]
     table = sweep_table(kids)
-    assert [(r["prompts"], r["dataset"], r["published_tau"], r["num_prompts"]) for r in table] == [("gsm8k", "gsm8k", 6.55, len(kids[0].rows)),
+    assert [(r.values["prompts"], r.dataset, r.published_tau, r.num_prompts) for r in table] == [("gsm8k", "gsm8k", 6.55, len(kids[0].rows)),
                                                                                                    ("mt_bench", "mt_bench", 4.25, len(kids[1].rows))]
     md = sweep_markdown("sweep", table, [], "FINISHED")
     assert "| run | prompts | τ ± SE | published τ |" in md and "| gsm8k | " in md and "| 6.550 |" in md and "| 4.250 |" in md

@@ -7,9 +7,10 @@ Undefined values (None: a ratio over nothing, see dflash.stages.metrics) print a
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    from dflash.report.sweep import SweepRow
     from dflash.stages.result import EvalResult
 
 
@@ -108,33 +109,31 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
     return "\n".join(lines)
 
 
-def sweep_markdown(name: str, table: Sequence[dict[str, Any]], failed: Sequence[str], status: str, reason: str = "") -> str:
+def sweep_markdown(name: str, table: Sequence[SweepRow], failed: Sequence[str], status: str, reason: str = "") -> str:
     """A sweep parent's description: one row per child (dflash.report.sweep.sweep_table), the failed jobs.
     Columns: run, the swept values, the data set (prompts.source) unless `prompts` is swept, τ ± SE,
     z-lab's published τ, Δτ ± paired SE against the first child that finished ("not paired", and why below the
     table, where dflash.report.compare.align refused the pair)."""
-    fixed = {"run", "tau", "tau_se", "num_prompts", "delta_tau", "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id", "dataset",
-             "published_tau"}
-    swept = [k for k in (table[0] if table else {}) if k not in fixed and not k.startswith("tau/")]
-    if "prompts" not in swept and any(r.get("dataset") for r in table):
+    swept = list(table[0].values) if table else []
+    if "prompts" not in swept and any(r.dataset for r in table):
         swept.append("dataset")
-    base = next((r["paired_against"] for r in table if r.get("paired_against")), None)
+    base = next((r.paired_against for r in table if r.paired_against), None)
     lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
     if table:
         head = " | ".join("data set" if k == "dataset" else k for k in swept)
         lines += [f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
                   "| --- |" + " --- |" * (len(swept) + 3)]
-        first = next((i for i, r in enumerate(table) if r["tau"] is not None), None)  # what the others are paired against
-        unpaired = [i for i, r in enumerate(table) if i != first and r["tau"] is not None and r["delta_tau"] is None and r.get("note")]
+        first = next((i for i, r in enumerate(table) if r.tau is not None), None)  # what the others are paired against
+        unpaired = [i for i, r in enumerate(table) if i != first and r.tau is not None and r.not_paired]
         for i, r in enumerate(table):
-            vals = "".join(f" {r.get(k) or ''} |" for k in swept)
-            delta = ("baseline" if i == first else "not paired" if i in unpaired else "-" if r["delta_tau"] is None
-                     else f"{fmt(r['delta_tau'], '+.3f')} ± {fmt(r['delta_tau_se'])}")
-            tau = "- (no result)" if r["tau"] is None else f"{fmt(r['tau'])} ± {fmt(r['tau_se'])}"
-            lines.append(f"| {r['run']} |{vals} {tau} | {fmt(r.get('published_tau'))} | {delta} |")
+            vals = "".join(f" {(r.dataset if k == 'dataset' else r.values.get(k)) or ''} |" for k in swept)
+            delta = ("baseline" if i == first else "not paired" if i in unpaired else "-" if r.delta_tau is None
+                     else f"{fmt(r.delta_tau, '+.3f')} ± {fmt(r.delta_tau_se)}")
+            tau = "- (no result)" if r.tau is None else f"{fmt(r.tau)} ± {fmt(r.tau_se)}"
+            lines.append(f"| {r.run} |{vals} {tau} | {fmt(r.published_tau)} | {delta} |")
         if unpaired:  # compare.align refused them: why, naming the prompts or the tag that differs
             lines += ["", f"**Not paired with {base}** (their Δτ would mix drafter and data):",
-                      *[f"- {table[i]['run']}: {table[i]['note'].removeprefix('not paired: ')}" for i in unpaired]]
+                      *[f"- {table[i].run}: {table[i].not_paired}" for i in unpaired]]
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
     if table:

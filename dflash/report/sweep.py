@@ -2,9 +2,9 @@
 
 `Child.read` types what the store holds of a child (its per-prompt rows as `PromptRow`s, its target
 and dtype as a `RunIdentity`; rows an older dflash-eval logged are refused with a note);
-`sweep_table(children)`: per child the swept values (a swept group such as `prompts` by its choice), τ ± SE, the
+`sweep_table(children)`: per child a `SweepRow`: the swept values (a swept group such as `prompts` by its choice), τ ± SE, the
 prompts replayed (`num_prompts`), τ per subset, and the paired Δτ and its
-SE against the first child that finished, paired only where `compare.align` pairs them (else a note
+SE against the first child that finished, paired only where `compare.align` pairs them (else why not,
 naming the prompts that differ), the data set (prompts.source) and z-lab's published τ beside it
 (dflash/data/published_tau.json) where the drafter is a public one on the target it was published with; `sweep_artifacts(children)`: that
 table as CSV, τ against the swept value, the children's per-position curves overlaid. Undefined (no
@@ -80,7 +80,35 @@ def published_tau(params: dict[str, str]) -> float | None:
     return data["tau"][drafter].get(temp, {}).get(params.get("prompts.source", ""))
 
 
-def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SweepRow:
+    """One child in the sweep table; None where undefined (no verify step, an SE over one prompt) or not paired."""
+
+    run: str  # the child's run name
+    values: dict[str, str]  # its swept values (swept_values)
+    tau: Rate
+    tau_se: Rate
+    num_prompts: int | None  # prompts replayed; None: no rows
+    dataset: str | None  # prompts.source
+    published_tau: float | None  # z-lab's, where one applies (published_tau)
+    tau_by_subset: dict[str, Rate]  # every subset of the sweep; None where the child has none of it
+    delta_tau: Rate = None  # paired Δτ against `paired_against`, its SE and z
+    delta_tau_se: Rate = None
+    delta_tau_z: Rate = None
+    paired_against: str | None = None  # the first child that has rows
+    not_paired: str = ""  # why compare.align refused to pair it with `paired_against`
+    note: str = ""  # why it has no rows (refused, or the job failed)
+    run_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as sweep/children.csv holds it: run, the swept values, τ, ..., τ per subset, Δτ, ..., note, run id."""
+        return {"run": self.run, **self.values, "tau": self.tau, "tau_se": self.tau_se, "num_prompts": self.num_prompts, "dataset": self.dataset,
+                "published_tau": self.published_tau, **{f"tau/{k}": v for k, v in self.tau_by_subset.items()}, "delta_tau": self.delta_tau,
+                "delta_tau_se": self.delta_tau_se, "delta_tau_z": self.delta_tau_z, "paired_against": self.paired_against,
+                "note": f"not paired: {self.not_paired}" if self.not_paired else self.note, "run_id": self.run_id}
+
+
+def sweep_table(children: list[Child]) -> list[SweepRow]:
     """One row per child: run, its swept values, τ ± SE, τ per subset, and Δτ ± paired SE against the
     first child that has rows (`paired_against`); None where a child has no rows or does not pair."""
     done = [c for c in children if c.rows]
@@ -88,33 +116,30 @@ def sweep_table(children: list[Child]) -> list[dict[str, Any]]:
     subsets = sorted({r.subset for c in done for r in c.rows or []})
     out = []
     for c in children:
-        row: dict[str, Any] = {"run": c.name, **c.values}
-        tau, se = _tau(c.rows) if c.rows else (None, None)
-        row.update(tau=tau, tau_se=se, num_prompts=len(c.rows) if c.rows else None, dataset=c.params.get("prompts.source"),
-                   published_tau=published_tau(c.params))
-        for s in subsets:
-            sub = [r for r in c.rows or [] if r.subset == s]
-            row[f"tau/{s}"] = _tau(sub)[0] if sub else None
-        row.update(delta_tau=None, delta_tau_se=None, delta_tau_z=None, paired_against=base.name if base else None, note=c.note)
-        if c.rows and base is not None:
+        rows = c.rows or []
+        tau, se = _tau(rows) if rows else (None, None)
+        by_subset = {s: _tau(sub)[0] if (sub := [r for r in rows if r.subset == s]) else None for s in subsets}
+        delta: tuple[Rate, Rate, Rate] = (None, None, None)
+        not_paired, note = "", c.note
+        if rows and base is not None:
             try:
-                pairs = align(base.rows or [], c.rows, base.identity, c.identity)
+                pairs = align(base.rows or [], rows, base.identity, c.identity)
             except CompareError as e:
-                row["note"] = f"not paired: {e}"
+                not_paired = str(e)
             else:
                 d = compare(pairs)[0]  # acceptance_length
-                row.update(delta_tau=d.diff, delta_tau_se=d.se, delta_tau_z=d.z)
-        elif not c.note and not c.rows:
-            row["note"] = "no per-prompt rows (the job failed?)"
-        row["run_id"] = c.run_id
-        out.append(row)
+                delta = (d.diff, d.se, d.z)
+        elif not c.note and not rows:
+            note = "no per-prompt rows (the job failed?)"
+        out.append(SweepRow(c.name, c.values, tau, se, len(rows) if rows else None, c.params.get("prompts.source"), published_tau(c.params),
+                            by_subset, *delta, base.name if base else None, not_paired, note, c.run_id))
     return out
 
 
-def best(table: list[dict[str, Any]]) -> dict[str, Any] | None:
+def best(table: list[SweepRow]) -> SweepRow | None:
     """The child with the highest τ (None if no child measured one)."""
-    done = [r for r in table if r["tau"] is not None]
-    return max(done, key=lambda r: r["tau"]) if done else None
+    done = [r for r in table if r.tau is not None]
+    return max(done, key=lambda r: r.tau) if done else None  # type: ignore[arg-type, return-value]
 
 
 CUMULATIVE = "cumulative acceptance (steps with slot k accepted / steps)"
@@ -143,8 +168,8 @@ def sweep_artifacts(children: list[Child], title: str = "sweep") -> dict[str, by
         except ValueError:
             labels = [f"{keys[0]}={c.values.get(keys[0], '')}" for c in children]
     files = {
-        "sweep/children.csv": table_csv(table).encode(),
-        "sweep/tau.png": plots.tau_png(labels, [r["tau"] for r in table], [r["tau_se"] for r in table], x=x, xlabel=xlabel,
+        "sweep/children.csv": table_csv([r.to_dict() for r in table]).encode(),
+        "sweep/tau.png": plots.tau_png(labels, [r.tau for r in table], [r.tau_se for r in table], x=x, xlabel=xlabel,
                                        title=f"{title}: τ ± SE over prompts, per child"),
     }
     curves = {lab: position_curve(c.rows) for lab, c in zip(labels, children) if c.rows}
