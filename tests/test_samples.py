@@ -4,12 +4,13 @@ tokenizers built here split characters over tokens, as SmolLM2's does; no model 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from html.parser import HTMLParser
 
 import pytest
 
-from dflash.report.samples import CSS, artifacts, sample_record, samples_html, token_pieces
+from dflash.report.samples import CSS, SampleStep, artifacts, sample_record, samples_html, token_pieces
 from dflash.stages.prompts import Prompt
 from dflash.stages.replay import replay
 
@@ -78,14 +79,14 @@ def test_record_one_per_prompt_with_its_steps(byte_tok):
     # reference "abcdefg", B = 4: anchor a comes from the prefill; step 1 drafts b c # (slot 3 wrong):
     # accepts b c, bonus d; step 2 (anchor d) drafts e f g, all right, and the reference ends: no bonus
     c, blocks, rec = _run(byte_tok, "abcdefg", wrong={0: 3})
-    assert rec["id"] == "p<1>" and rec["subset"] == "fresh" and rec["prompt"] == "hi" and rec["prompt_tokens"] == 2
-    assert rec["reference"] == "abcdefg" and rec["reference_pieces"] == list("abcdefg")
-    assert rec["steps"] == c.steps == 2
-    assert rec["blocks"] == [
-        {"anchor_pos": 2, "proposal": ["b", "c", "#"], "proposal_ids": blocks[0].proposal, "accepted": 2, "bonus": "d"},
-        {"anchor_pos": 5, "proposal": ["e", "f", "g"], "proposal_ids": blocks[1].proposal, "accepted": 3, "bonus": None},
+    assert rec.id == "p<1>" and rec.subset == "fresh" and rec.prompt == "hi" and rec.prompt_tokens == 2
+    assert rec.reference == "abcdefg" and rec.reference_pieces == list("abcdefg")
+    assert rec.steps == c.steps == 2
+    assert rec.blocks == [
+        SampleStep(anchor_pos=2, proposal=["b", "c", "#"], proposal_ids=blocks[0].proposal, accepted=2, bonus="d"),
+        SampleStep(anchor_pos=5, proposal=["e", "f", "g"], proposal_ids=blocks[1].proposal, accepted=3, bonus=None),
     ]
-    assert rec["acceptance_length"] == pytest.approx(c.committed / c.steps) == pytest.approx(3.0)
+    assert rec.acceptance_length == pytest.approx(c.committed / c.steps) == pytest.approx(3.0)
 
 
 class Spans(HTMLParser):
@@ -135,7 +136,7 @@ def test_html_marks_accepted_rejected_and_bonus(byte_tok):
 def test_a_prompt_without_a_verify_step_shows_tau_undefined(byte_tok):
     """A one-token reference comes from the prefill alone: no verify step, τ None, shown "-" in the contents and the heading, never 0."""
     c, _, rec = _run(byte_tok, "a")
-    assert c.steps == 0 and rec["acceptance_length"] is None and rec["blocks"] == []
+    assert c.steps == 0 and rec.acceptance_length is None and rec.blocks == []
     page = samples_html([rec])
     assert "<td>τ -</td>" in page and "τ = - over 0 verify steps" in page and "0.000" not in page
     assert parse(page).spans == [("pre", "a")]
@@ -143,7 +144,7 @@ def test_a_prompt_without_a_verify_step_shows_tau_undefined(byte_tok):
 
 def test_html_escapes_hostile_prompts_and_model_text(byte_tok):
     _, _, rec = _run(byte_tok, f"ok {HOSTILE}\n  end", prompt_text=HOSTILE)
-    rec = {**rec, "id": HOSTILE, "subset": HOSTILE}
+    rec = dataclasses.replace(rec, id=HOSTILE, subset=HOSTILE)
     page = samples_html([rec], title=HOSTILE)
     p = parse(page)
     tags = {t for t, _ in p.tags}
@@ -161,7 +162,10 @@ def test_artifacts_are_json_and_self_contained_html(byte_tok):
 
     _, _, rec = _run(byte_tok, "abc é", wrong={0: 1})
     files = artifacts([rec, rec], title="t")
-    assert json.loads(files["samples.json"]) == [rec, rec]
+    want = {"id": "p<1>", "subset": "fresh", "prompt": "hi", "prompt_tokens": 2, "reference": "abc é", "reference_pieces": rec.reference_pieces,
+            "acceptance_length": rec.acceptance_length, "steps": rec.steps, "blocks": [dataclasses.asdict(b) for b in rec.blocks]}
+    assert list(want["blocks"][0]) == ["anchor_pos", "proposal", "proposal_ids", "accepted", "bonus"]
+    assert [list(d.items()) for d in json.loads(files["samples.json"])] == [list(want.items())] * 2  # the keys in samples.json's order
     page = files["samples.html"].decode()
     assert page.startswith("<!doctype html>") and '<meta charset="utf-8">' in page
     assert not re.search(r"(src|href)=\"(?!#)", page)  # no external resource: only in-page links

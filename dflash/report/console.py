@@ -67,11 +67,11 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
                                             f"references engine: {ref.engine}" if ref.engine else None])))
     lines.append(f"replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
-    for s in res.samples[:1]:  # dflash.report.samples records
-        lines.append(f"-- sample {s['id']} ({s['subset']}): first blocks, [accepted] rest")
-        for b in s["blocks"][:max_blocks]:
-            a, anchor = b["accepted"], s["reference_pieces"][b["anchor_pos"] - s["prompt_tokens"]]
-            lines.append(f"   {anchor!r} -> [{''.join(b['proposal'][:a])!r}] {''.join(b['proposal'][a:])!r}  ({a} accepted)")
+    for s in res.samples[:1]:  # dflash.report.samples.Sample records
+        lines.append(f"-- sample {s.id} ({s.subset}): first blocks, [accepted] rest")
+        for b in s.blocks[:max_blocks]:
+            a, anchor = b.accepted, s.reference_pieces[b.anchor_pos - s.prompt_tokens]
+            lines.append(f"   {anchor!r} -> [{''.join(b.proposal[:a])!r}] {''.join(b.proposal[a:])!r}  ({a} accepted)")
     for w in res.warnings:
         lines.append(f"WARNING: {w}")
     if where:

@@ -1,14 +1,9 @@
 """Samples: what the drafter proposed at each verify step, for a person to read.
 
-`sample_record(prompt, prompt_ids, reference_ids, blocks, tokenizer)` -> one plain record per prompt
-(samples.json): id, subset, prompt text, reference text (and its pieces, one per token), the
-prompt's τ, and its verify steps (dflash.stages.replay.Block):
-
-    {"anchor_pos": p,            # position of the step's anchor in prompt + reference
-     "proposal": ["..", ...],    # drafted slots 1..B-1, decoded (one piece per token)
-     "proposal_ids": [...],
-     "accepted": a,              # drafted tokens the target accepted
-     "bonus": ".." | None}       # the target's token after them; None where the reference ended
+`sample_record(prompt, prompt_ids, reference_ids, blocks, tokenizer)` -> one `Sample` per prompt
+(a record of samples.json, `samples_json`): id, subset, prompt text, reference text (and its pieces,
+one per token), the prompt's τ, and its verify steps (`SampleStep`, from dflash.stages.replay.Block:
+the anchor's position, the drafted slots decoded, how many the target accepted, its bonus token).
 
 `samples_html(records)` -> one self-contained page (inline CSS, no script, no external resource:
 MLflow's artifact viewer shows it as is): per prompt, the reference token by token, each verify
@@ -26,6 +21,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from dflash.stages.prompts import Prompt
@@ -59,7 +55,33 @@ def prompt_text(p: Prompt) -> str:
     return "\n\n".join(f"[{role}] {content}" for role, content in p.messages)
 
 
-def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], blocks: list[Block], tok: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SampleStep:
+    """One verify step as a person reads it."""
+
+    anchor_pos: int  # position of the step's anchor in prompt + reference
+    proposal: list[str]  # drafted slots 1..B-1, decoded (one piece per token)
+    proposal_ids: list[int]
+    accepted: int  # drafted tokens the target accepted
+    bonus: str | None  # the target's token after them; None where the reference ended
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt's record in samples.json (`asdict`, keys in this order)."""
+
+    id: str
+    subset: str
+    prompt: str  # its text (prompt_text)
+    prompt_tokens: int
+    reference: str  # the reference's text: "".join(reference_pieces)
+    reference_pieces: list[str]  # one per reference token (token_pieces)
+    acceptance_length: float | None  # the prompt's τ; None: no verify step
+    steps: int
+    blocks: list[SampleStep]
+
+
+def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], blocks: list[Block], tok: Any) -> Sample:
     seq = prompt_ids + reference_ids
     P, T = len(prompt_ids), len(seq)
     ref = token_pieces(tok, seq, P)  # [len(reference)]
@@ -68,23 +90,13 @@ def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], bl
         has_bonus = b.anchor_pos + b.accepted + 1 < T  # the reference goes on after the accepted tokens
         committed += b.accepted + has_bonus
         ctx = seq[max(0, b.anchor_pos + 1 - CONTEXT) : b.anchor_pos + 1]
-        steps.append({
-            "anchor_pos": b.anchor_pos,
-            "proposal": token_pieces(tok, ctx + b.proposal, len(ctx)),
-            "proposal_ids": list(b.proposal),
-            "accepted": b.accepted,
-            "bonus": ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None,
-        })
-    return {
-        "id": p.id, "subset": p.subset, "prompt": prompt_text(p), "prompt_tokens": P,
-        "reference": "".join(ref), "reference_pieces": ref,
-        "acceptance_length": committed / len(blocks) if blocks else None, "steps": len(blocks),
-        "blocks": steps,
-    }
+        steps.append(SampleStep(b.anchor_pos, token_pieces(tok, ctx + b.proposal, len(ctx)), list(b.proposal), b.accepted,
+                                ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None))
+    return Sample(p.id, p.subset, prompt_text(p), P, "".join(ref), ref, committed / len(blocks) if blocks else None, len(blocks), steps)
 
 
-def samples_json(records: list[dict[str, Any]]) -> str:
-    return json.dumps(records, ensure_ascii=False, indent=1)
+def samples_json(records: list[Sample]) -> str:
+    return json.dumps([asdict(r) for r in records], ensure_ascii=False, indent=1)
 
 
 CSS = """
@@ -118,40 +130,39 @@ def _span(cls: str, text: str, title: str) -> str:
     return f'<span class="{cls}" title="{html.escape(title)}">{shown}</span>'
 
 
-def _reference_html(r: dict[str, Any]) -> str:
-    ref, P = r["reference_pieces"], r["prompt_tokens"]
+def _reference_html(r: Sample) -> str:
+    ref, P = r.reference_pieces, r.prompt_tokens
     out = [_span("pre", ref[0], "first token: from the prefill, before any verify step")] if ref else []
-    for i, b in enumerate(r["blocks"]):
-        o, a = b["anchor_pos"] - P, b["accepted"]
+    for i, b in enumerate(r.blocks):
+        o, a = b.anchor_pos - P, b.accepted
         parts = [_span("acc", ref[o + 1 + k], f"step {i + 1}: slot {k + 1} accepted") for k in range(a)]
-        if b["bonus"] is not None:
-            if a < len(b["proposal"]):
-                rejected = "".join(b["proposal"][a:])
+        if b.bonus is not None:
+            if a < len(b.proposal):
+                rejected = "".join(b.proposal[a:])
                 parts.append(
                     _span(
-                        "rej", b["proposal"][a] or "\ufffd", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"
+                        "rej", b.proposal[a] or "\ufffd", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"
                     )
                 )
-            parts.append(_span("bonus", b["bonus"], f"step {i + 1}: bonus token after {a} accepted"))
+            parts.append(_span("bonus", b.bonus, f"step {i + 1}: bonus token after {a} accepted"))
         out.append(f'<span class="step" title="{html.escape(f"step {i + 1}: {a} accepted")}">{"".join(parts)}</span>')
     return "".join(out)
 
 
-def _tau(r: dict[str, Any]) -> str:
+def _tau(r: Sample) -> str:
     """The prompt's τ; "-" where it made no verify step (undefined, not 0)."""
-    return "-" if r["acceptance_length"] is None else f'{r["acceptance_length"]:.3f}'
+    return "-" if r.acceptance_length is None else f"{r.acceptance_length:.3f}"
 
 
-def samples_html(records: list[dict[str, Any]], title: str = "") -> str:
+def samples_html(records: list[Sample], title: str = "") -> str:
     e = html.escape
-    toc = "".join(f'<tr><td><a href="#s{n}">{e(r["id"])}</a></td><td>{e(r["subset"])}</td><td>τ {_tau(r)}</td>'
-                  f'<td>{r["steps"]} steps</td></tr>' for n, r in enumerate(records))
+    toc = "".join(f'<tr><td><a href="#s{n}">{e(r.id)}</a></td><td>{e(r.subset)}</td><td>τ {_tau(r)}</td>'
+                  f"<td>{r.steps} steps</td></tr>" for n, r in enumerate(records))
     body = []
     for n, r in enumerate(records):
-        tau = _tau(r)
         body.append(
-            f'<section id="s{n}"><h2>{e(r["id"])} <small>({e(r["subset"])})</small>: τ = {tau} over {r["steps"]} verify steps</h2>'
-            f'<details><summary>prompt ({r["prompt_tokens"]} tokens rendered)</summary><pre class="prompt">{e(r["prompt"])}</pre></details>'
+            f'<section id="s{n}"><h2>{e(r.id)} <small>({e(r.subset)})</small>: τ = {_tau(r)} over {r.steps} verify steps</h2>'
+            f'<details><summary>prompt ({r.prompt_tokens} tokens rendered)</summary><pre class="prompt">{e(r.prompt)}</pre></details>'
             f'<div class="text">{_reference_html(r)}</div></section>'
         )
     head = f"Samples{': ' + e(title) if title else ''}"
@@ -159,6 +170,6 @@ def samples_html(records: list[dict[str, Any]], title: str = "") -> str:
             f'<h1>{head}</h1>{LEGEND}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n')
 
 
-def artifacts(records: list[dict[str, Any]], title: str = "") -> dict[str, bytes]:
+def artifacts(records: list[Sample], title: str = "") -> dict[str, bytes]:
     """The files a run logs: samples.json and samples.html."""
     return {"samples.json": samples_json(records).encode(), "samples.html": samples_html(records, title).encode()}

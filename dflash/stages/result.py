@@ -59,7 +59,7 @@ class EvalResult:
     curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
     prompts: list[PromptResult]
     total: Counters  # summed over prompts
-    samples: list[dict[str, Any]]  # dflash.report.samples records of `num_samples` prompts, one per subset in turn
+    samples: list[Any]  # dflash.report.samples.Sample records of `num_samples` prompts, one per subset in turn (built by the pipeline)
     timings: dict[str, float]
     info: RunInfo
     warnings: list[str] = field(default_factory=list)
