@@ -63,8 +63,9 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     from dflash.stages.served import served_histogram
 
     info = res.info
+    run.set_run_name(info.run_name)  # the step is known now
     run.set_tags({
-        "mlflow.runName": info.run_name, "checkpoint_path": info.checkpoint_path, "checkpoint_sha256": info.checkpoint_sha256,
+        "checkpoint_path": info.checkpoint_path, "checkpoint_sha256": info.checkpoint_sha256,
         "drafter_step": info.drafter_step, "device": info.device, "dtype": info.dtype, "target_identity": info.target_identity,
         "warnings": " | ".join(res.warnings) or None, "target.linear_attention_kernel": info.linear_attention_kernel,
         "references.engine": info.references.engine,
@@ -79,7 +80,7 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     run.log_dataset(**ds)
     run.set_note(report.markdown(res, ds["name"], c.target.name))
     run.log_text(OmegaConf.to_yaml(composed), "config.yaml")
-    run.log_table([per_prompt_row(r).to_dict() for r in res.prompts], "per_prompt.json")
+    run.log_per_prompt([per_prompt_row(r).to_dict() for r in res.prompts])
     run.log_table(position_table(res.total), "per_position.json")
     run.log_files({**plots.run_plots(res.total, info.run_name), **samples.artifacts(res.samples, info.run_name)})
     run.setup_eval_experiment(sorted({r.prompt.subset for r in res.prompts}))

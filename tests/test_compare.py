@@ -222,7 +222,7 @@ def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
     ids = []
     for name, shift in (("a@step_1", 0.0), ("a@step_2", 0.1)):
         with tracking.Run(uri, "dflash/test", name, artifact_location=(tmp_path / "mlruns").as_uri(), tags=TAGS) as run:
-            run.log_table(_dicts(8, shift), "per_prompt.json")
+            run.log_per_prompt(_dicts(8, shift))
             ids.append(run.run_id)
     assert main(["a@step_1", "a@step_2", "--uri", uri, "--out", str(tmp_path / "out"), "--log-to", ids[1]]) == 0
     out = capsys.readouterr().out
@@ -235,7 +235,7 @@ def test_main_writes_the_files_and_logs_them_to_a_run(tmp_path, capsys):
     assert "no run '" + "0" * 32 in capsys.readouterr().err
     # a newer a@step_2 in another dtype does not pair: the older pair is compared, and stderr says what was skipped and why
     with tracking.Run(uri, "dflash/test", "a@step_2", tags={**TAGS, "dtype": "bfloat16"}) as run:
-        run.log_table(_dicts(8, 0.2), "per_prompt.json")
+        run.log_per_prompt(_dicts(8, 0.2))
     assert main(["a@step_1", "a@step_2", "--uri", uri]) == 0
     got = capsys.readouterr()
     assert f"skipped 1 pair(s) of runs of these names that do not pair (newest first):\n  a@step_1 ({ids[0][:8]}) vs a@step_2 ({run.run_id[:8]}): " \

@@ -119,3 +119,15 @@ def test_metrics_are_logged_at_full_precision(uri):
     m = c.get_run(run.run_id).data.metrics
     assert m["acceptance_length"] == a and m["other"] == b and m["acceptance_length"] != m["other"]
     assert [h.value for h in c.get_metric_history(run.run_id, "by_position/accuracy")] == [a]
+
+
+def test_a_run_is_renamed_and_its_per_prompt_rows_read_back(uri):
+    """The run name and the per-prompt artifact's name are dflash.tracking's (evaluate.py names neither): a renamed run is found
+    by its new name, and what log_per_prompt logs is what load_per_prompt reads."""
+    rows = [{"id": "p0", "steps": 3, "acceptance_length": 1.5}, {"id": "p1", "steps": 0, "acceptance_length": None}]
+    with tracking.Run(uri, "dflash/x", "d@step_") as run:
+        run.set_run_name("d@step_7")
+        run.log_per_prompt(rows)
+    assert tracking.find_runs(uri, "d@step_7") == [(run.run_id, "d@step_7")] and tracking.find_runs(uri, "d@step_") == []
+    assert tracking.load_per_prompt(uri, run.run_id) == rows
+    assert {a.path for a in tracking.mlflow_client(uri).list_artifacts(run.run_id)} == {tracking.PER_PROMPT}

@@ -26,7 +26,8 @@ Layout (what evaluate.py logs through `Run`; README "What it reports" and "MLflo
   RUNNING by a hard kill is found at the next start (`reap`: RUNNING runs of this host whose process
   is gone, the pid's start time telling a reused pid apart) and ended KILLED with a tag saying why;
   `python -m dflash.tracking reap [--uri URI] [--run RUN_ID ...]` does it on demand.
-- `find_runs` / `load_per_prompt` read finished evaluation runs back for `python -m dflash.compare`;
+- `find_runs` / `load_per_prompt` read finished evaluation runs back for `python -m dflash.compare`
+  (`Run.log_per_prompt` logs the rows as `PER_PROMPT`, per_prompt.json; `Run.set_run_name` renames a run);
   `log_files` logs in-memory files (plots, tables) to an existing run.
 
 Runs are driven through `MlflowClient` with explicit ids: no global "active run" state, so
@@ -36,6 +37,7 @@ several runs in one process (Hydra's basic launcher) cannot step on each other.
 from dflash.tracking.run import NoRun, Run, flatten, log_files
 from dflash.tracking.store import (
                                    HOST_TAG,
+                                   PER_PROMPT,
                                    PID_START_TAG,
                                    PID_TAG,
                                    ROLE_TAG,
@@ -56,6 +58,7 @@ from dflash.tracking.view import eval_view, setup_eval_experiment, view_url
 
 __all__ = [
     "HOST_TAG",
+    "PER_PROMPT",
     "PID_START_TAG",
     "PID_TAG",
     "ROLE_TAG",

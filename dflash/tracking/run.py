@@ -13,6 +13,8 @@ from dflash.tracking.store import (
     MAX_TAG,
     NOTE_TAG,
     PARENT_TAG,
+    PER_PROMPT,
+    RUN_NAME_TAG,
     SWEEP_TAG,
     ensure_experiment,
     library_versions,
@@ -104,6 +106,10 @@ class Run:
         if items:
             self.client.log_batch(self.run_id, tags=items)
 
+    def set_run_name(self, name: str) -> None:
+        """Rename the run (e.g. once the drafter's step is known)."""
+        self.set_tags({RUN_NAME_TAG: name})
+
     def set_note(self, markdown: str) -> None:
         """The run's description (Overview page, markdown)."""
         self.set_tags({NOTE_TAG: markdown if len(markdown) <= MAX_TAG else markdown[: MAX_TAG - 1] + "…"})
@@ -139,6 +145,10 @@ class Run:
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         cols = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})}
         self.client.log_table(self.run_id, data=cols, artifact_file=artifact_file)
+
+    def log_per_prompt(self, rows: list[dict[str, Any]]) -> None:
+        """An evaluation run's per-prompt rows (PromptRow.to_dict), as `load_per_prompt` and python -m dflash.compare read them."""
+        self.log_table(rows, PER_PROMPT)
 
     def log_files(self, files: dict[str, bytes]) -> None:
         _log_files(self.client, self.run_id, files)

@@ -24,6 +24,8 @@ SWEEP_TAG = "dflash.sweep_id"
 ROLE_TAG = "dflash.role"  # "sweep" on a sweep's parent
 PARENT_TAG = "mlflow.parentRunId"
 NOTE_TAG = "mlflow.note.content"
+RUN_NAME_TAG = "mlflow.runName"
+PER_PROMPT = "per_prompt.json"  # an evaluation run's per-prompt rows (Run.log_per_prompt, load_per_prompt)
 HOST_TAG, PID_TAG, PID_START_TAG = "dflash.host", "dflash.pid", "dflash.pid_start"
 VIEW_KEY = "dflash"  # the evaluation experiment's saved view: mlflow.sharedViewState.dflash
 MAX_TAG = 7900  # MLflow keeps 8000 characters of a run tag
@@ -226,13 +228,13 @@ def run_tags(uri: str, run_id: str) -> dict[str, str]:
 
 
 def load_per_prompt(uri: str, run_id: str) -> list[dict[str, Any]]:
-    """The per-prompt rows an evaluation run logged as per_prompt.json."""
+    """The per-prompt rows an evaluation run logged (`Run.log_per_prompt`)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bar on the console
     with tempfile.TemporaryDirectory() as d:
         try:
-            path = mlflow_client(uri).download_artifacts(run_id, "per_prompt.json", d)
+            path = mlflow_client(uri).download_artifacts(run_id, PER_PROMPT, d)
         except Exception as e:
-            raise TrackingError(f"run {run_id} has no per_prompt.json: is it an evaluation run that finished? ({e})") from e
+            raise TrackingError(f"run {run_id} has no {PER_PROMPT}: is it an evaluation run that finished? ({e})") from e
         table = json.loads(Path(path).read_text())
     return [dict(zip(table["columns"], row)) for row in table["data"]]
 
