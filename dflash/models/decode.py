@@ -21,7 +21,7 @@ Both costs are paid once per engine and reported apart (`Engine.setup_s`). Prefi
 the same step functions run eagerly, attending over the written positions only.
 
 transformers glue lives here and nowhere else in the engine: the forward's cache keyword
-(`past_key_values` in 5.17, `cache` in 5.24, via `target._cache_kwarg`), `StaticCache` built from
+(`past_key_values` in 5.17, `cache` in 5.24, via `forward.cache_kwarg`), `StaticCache` built from
 the config with our own layer class for full attention (both releases keep a running count in
 their `StaticLayer`; ours writes where it is told), and the linear-attention layers' `conv_states`
 / `recurrent_states` dicts and `reset()`, which both releases share. Hybrid targets take a mask
@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from dflash.models.forward import _cache_kwarg, tap
+from dflash.models.forward import cache_kwarg, tap
 from dflash.models.target import Target
 from dflash.util.errors import TargetError
 
@@ -119,7 +119,7 @@ class Engine:
         self.compile = compile
         self.decoder = target.model.get_decoder()
         self.head = target.model.get_output_embeddings()
-        self.cache_kw = _cache_kwarg(type(self.decoder))
+        self.cache_kw = cache_kwarg(type(self.decoder))
         self.slots = _Slots(torch.zeros(1, dtype=torch.long, device=dev), 1)
         self.cache = static_cache(target.config, max_len, self.slots)
         self.linear = [layer for layer in self.cache.layers if hasattr(layer, "recurrent_states")]

@@ -29,7 +29,8 @@ def _forward_params(cls: type) -> frozenset[str]:
     return frozenset(inspect.signature(cls.forward).parameters)
 
 
-def _cache_kwarg(cls: type) -> str:
+def cache_kwarg(cls: type) -> str:
+    """The keyword a transformers model class's forward takes its cache by: `past_key_values` (5.17) or `cache` (5.24)."""
     return "cache" if "cache" in _forward_params(cls) else "past_key_values"
 
 
@@ -57,7 +58,7 @@ def forward(
         input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None, output_hidden_states=hidden_states
     )
     if cache is not None:
-        kw[_cache_kwarg(type(target.model))] = cache
+        kw[cache_kwarg(type(target.model))] = cache
     if last_logits_only and "logits_to_keep" in _forward_params(type(target.model)):
         kw["logits_to_keep"] = 1
     return target.model(**kw)
@@ -129,7 +130,7 @@ def tapped_forward(
             if attention_mask is not None:
                 kw["attention_mask"] = attention_mask[:, :e]
             if cache is not None:
-                kw[_cache_kwarg(type(decoder))] = cache
+                kw[cache_kwarg(type(decoder))] = cache
                 kw["position_ids"] = torch.arange(s, e, device=ids.device).expand(S, -1)
             got.clear()
             try:

@@ -12,8 +12,8 @@ Per step, for S sequences (prompt + the target's greedy response):
 - AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA; optional
   Gaussian noise (relative to each position's RMS) on the fc inputs only.
 
-Files, in the order data flows:
-    config.py       the schema (conf/train.yaml), registered with Hydra; field checks
+The config's schema (conf/train.yaml), registered with Hydra, and its field checks live in
+dflash/config/train.py. Files here, in the order data flows:
     prompts.py      training prompts (corpus.py's word lists), none overlapping an evaluation prompt
     data.py         the target regenerates every response; token cache
     variants.py     the bug switches: which variant has which bug, bug 2's taps
