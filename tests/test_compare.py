@@ -195,8 +195,8 @@ def test_sweep_artifacts_plot_against_the_swept_number():
     assert set(files) == {"sweep/children.csv", "sweep/tau.png", "sweep/per_position.png"}
     table = _csv(files["sweep/children.csv"])
     assert [r["run"] for r in table] == ["a@step_1633", "a@step_5037"]
-    assert list(table[0]) == ["run", "drafter.step", "tau", "tau_se", "num_prompts", "dataset", "published_tau", "tau/x", "tau/y", "delta_tau",
-                              "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id"]
+    assert list(table[0]) == ["run", "drafter.step", "tau", "tau_se", "num_prompts", "dataset", "published_tau", "published_setting_differs",
+                              "tau/x", "tau/y", "delta_tau", "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id"]
     assert all(_is_png(files[k]) for k in ("sweep/tau.png", "sweep/per_position.png"))
     # rows with accepted_at_pos give the cumulative acceptance; drafter choices are categories
     with_acc = _rows(7)
@@ -264,3 +264,26 @@ def test_published_tau_only_for_a_public_drafter_on_its_own_target():
     one = sweep_markdown("sweep", sweep_table([_kid("a", "i", {"references.temperature": t}, _rows(4), {**pub, "references.temperature": t})
                                                for t in ("0", "1")]), [], "FINISHED")
     assert "| run | references.temperature | data set | τ ± SE | published τ |" in one and "| 6.040 |" in one
+
+
+def test_published_tau_beside_a_run_in_another_setting_says_what_differs():
+    """The published figure (2048 new tokens, thinking off, hf_shuffle seed 0, the data set's count) stays beside a run measured
+    otherwise, marked, with what differs below the table; a run in the published setting is not marked."""
+    from dflash.report.console import sweep_markdown
+    from dflash.report.sweep import published_setting_differs
+
+    same = {"drafter.path": "/models/Qwen3-8B-DFlash-b16", "target.name": "qwen3_8b", "prompts.source": "gsm8k", "prompts.max_new_tokens": "2048",
+            "target.template.enable_thinking": "False", "prompts.selection": "hf_shuffle", "prompts.seed": "0", "prompts.num_prompts": "128"}
+    assert published_setting_differs(same) == ""
+    other = {**same, "prompts.max_new_tokens": "256", "target.template.enable_thinking": "True", "prompts.selection": "shuffle",
+             "prompts.seed": "42", "prompts.num_prompts": "20"}
+    assert published_setting_differs(other) == ("max_new_tokens 256 (published: 2048); enable_thinking True (published: False); "
+                                                "selection shuffle (published: hf_shuffle); seed 42 (published: 0); num_prompts 20 (published: 128)")
+    table = sweep_table([_kid("pub", "i1", {"prompts.max_new_tokens": "2048"}, _rows(4), same),
+                         _kid("short", "i2", {"prompts.max_new_tokens": "256"}, _rows(4), {**same, "prompts.max_new_tokens": "256"})])
+    assert [(r.published_tau, r.published_differs) for r in table] == [(6.55, ""), (6.55, "max_new_tokens 256 (published: 2048)")]
+    md = sweep_markdown("sweep", table, [], "FINISHED")
+    assert "| 6.550 |" in md and "| 6.550 (another setting) |" in md
+    assert "**Published τ measured in another setting**" in md and "- short: max_new_tokens 256 (published: 2048)" in md
+    mine = sweep_table([_kid("mine", "i3", {"x": "1"}, _rows(4), {**other, "drafter.path": "/ckpts/mine"})])
+    assert mine[0].published_tau is None and mine[0].published_differs == ""  # nothing published: nothing to differ from

@@ -130,10 +130,14 @@ def sweep_markdown(name: str, table: Sequence[SweepRow], failed: Sequence[str], 
             delta = ("baseline" if i == first else "not paired" if i in unpaired else "-" if r.delta_tau is None
                      else f"{fmt(r.delta_tau, '+.3f')} ± {fmt(r.delta_tau_se)}")
             tau = "- (no result)" if r.tau is None else f"{fmt(r.tau)} ± {fmt(r.tau_se)}"
-            lines.append(f"| {r.run} |{vals} {tau} | {fmt(r.published_tau)} | {delta} |")
+            pub = fmt(r.published_tau) + (" (another setting)" if r.published_differs else "")
+            lines.append(f"| {r.run} |{vals} {tau} | {pub} | {delta} |")
         if unpaired:  # compare.align refused them: why, naming the prompts or the tag that differs
             lines += ["", f"**Not paired with {base}** (their Δτ would mix drafter and data):",
                       *[f"- {table[i].run}: {table[i].not_paired}" for i in unpaired]]
+    if other := [r for r in table if r.published_differs]:  # the published τ beside a run measured otherwise: say how
+        lines += ["", "**Published τ measured in another setting** (z-lab 2026-01: 2048 new tokens, thinking off, hf_shuffle seed 0):",
+                  *[f"- {r.run}: {r.published_differs}" for r in other]]
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
     if table:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.report.compare import CompareError, RunIdentity, align, compare, rows_of, table_csv
+from dflash.stages.benchmarks import BENCHMARKS
 from dflash.stages.metrics import PromptRow, Rate, acceptance_length, position_curves, ratio_se, row_counters
 
 
@@ -80,6 +81,21 @@ def published_tau(params: dict[str, str]) -> float | None:
     return data["tau"][drafter].get(temp, {}).get(params.get("prompts.source", ""))
 
 
+PUBLISHED_SETTING = {"prompts.max_new_tokens": "2048", "target.template.enable_thinking": "False", "prompts.selection": "hf_shuffle",
+                     "prompts.seed": "0"}  # published_tau.json's "setting": z-lab 2026-01's lengths, thinking mode and subset
+
+
+def published_setting_differs(params: dict[str, str]) -> str:
+    """What of a child's setting differs from the one its published τ was measured in (length, thinking
+    mode, subset rule and size: published_tau.json's "setting", the data set's count): '' where none does."""
+    out = [f"{k.split('.')[-1]} {params.get(k)} (published: {v})" for k, v in PUBLISHED_SETTING.items()
+           if k in params and str(params[k]).lower() != v.lower()]
+    bench = BENCHMARKS.get(params.get("prompts.source", ""))
+    if bench and params.get("prompts.num_prompts") not in (None, "None", str(bench.num_prompts)):
+        out.append(f"num_prompts {params['prompts.num_prompts']} (published: {bench.num_prompts})")
+    return "; ".join(out)
+
+
 @dataclass(frozen=True)
 class SweepRow:
     """One child in the sweep table; None where undefined (no verify step, an SE over one prompt) or not paired."""
@@ -91,6 +107,7 @@ class SweepRow:
     num_prompts: int | None  # prompts replayed; None: no rows
     dataset: str | None  # prompts.source
     published_tau: float | None  # z-lab's, where one applies (published_tau)
+    published_differs: str  # where published_tau is set: what of this child's setting differs from the published one ('' if none)
     tau_by_subset: dict[str, Rate]  # every subset of the sweep; None where the child has none of it
     delta_tau: Rate = None  # paired Δτ against `paired_against`, its SE and z
     delta_tau_se: Rate = None
@@ -103,7 +120,8 @@ class SweepRow:
     def to_dict(self) -> dict[str, Any]:
         """The row as sweep/children.csv holds it: run, the swept values, τ, ..., τ per subset, Δτ, ..., note, run id."""
         return {"run": self.run, **self.values, "tau": self.tau, "tau_se": self.tau_se, "num_prompts": self.num_prompts, "dataset": self.dataset,
-                "published_tau": self.published_tau, **{f"tau/{k}": v for k, v in self.tau_by_subset.items()}, "delta_tau": self.delta_tau,
+                "published_tau": self.published_tau, "published_setting_differs": self.published_differs,
+                **{f"tau/{k}": v for k, v in self.tau_by_subset.items()}, "delta_tau": self.delta_tau,
                 "delta_tau_se": self.delta_tau_se, "delta_tau_z": self.delta_tau_z, "paired_against": self.paired_against,
                 "note": f"not paired: {self.not_paired}" if self.not_paired else self.note, "run_id": self.run_id}
 
@@ -131,8 +149,10 @@ def sweep_table(children: list[Child]) -> list[SweepRow]:
                 delta = (d.diff, d.se, d.z)
         elif not c.note and not rows:
             note = "no per-prompt rows (the job failed?)"
-        out.append(SweepRow(c.name, c.values, tau, se, len(rows) if rows else None, c.params.get("prompts.source"), published_tau(c.params),
-                            by_subset, *delta, base.name if base else None, not_paired, note, c.run_id))
+        pub = published_tau(c.params)
+        out.append(SweepRow(c.name, c.values, tau, se, len(rows) if rows else None, c.params.get("prompts.source"), pub,
+                            published_setting_differs(c.params) if pub is not None else "", by_subset, *delta,
+                            base.name if base else None, not_paired, note, c.run_id))
     return out
 
 
