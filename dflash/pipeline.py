@@ -16,10 +16,10 @@ from typing import Iterator
 
 import torch
 
-from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig
+from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, TemplateConfig
 from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
-from dflash.models.drafter_config import effective_config
+from dflash.models.drafter_config import DrafterConfig, effective_config
 from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
@@ -244,10 +244,32 @@ def run(cfg: EvalConfig) -> EvalResult:
         stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
         drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
         linear_attention_kernel=linear_attention_kernel(target.model), replay_anchors=cfg.replay.anchors, tf_stride=cfg.replay.tf_stride,
+        prompt_format=prompt_format(cfg.target.template),
     )
+    window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + unmeasured)
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + window + unmeasured)
+
+
+def prompt_format(t: TemplateConfig) -> str:
+    """target.template in words, as the summary prints it: the thinking mode is explicit (DFLASH.md §3, §7)."""
+    if not t.use_chat_template:
+        return "no chat template" + (", system prompt set" if t.system_prompt else "")
+    return f"chat template, thinking {'on' if t.enable_thinking else 'off'}" + (", system prompt set" if t.system_prompt else "")
+
+
+def window_warning(dc: DrafterConfig, mode: str, longest: int) -> list[str]:
+    """A warning when sequences outgrow the drafter's sliding window: there SGLang (window applied) and z-lab's
+    sdpa / eager loop (window ignored) draft differently, and the τ measured follows drafter.sliding_window (DFLASH.md §6)."""
+    w = dc.sliding_window
+    if w is None or "sliding_attention" not in dc.layer_types or longest <= w:
+        return []
+    msg = (f"sequences reach {longest} tokens, past the drafter's sliding window of {w}: drafter.sliding_window={mode} "
+           f"{'applies it, as SGLang serves the drafter' if mode == 'apply' else 'ignores it, as z-lab sdpa / eager loop does'}; "
+           f"with drafter.sliding_window={'ignore' if mode == 'apply' else 'apply'} τ differs on these sequences (DFLASH.md §6)")
+    log.warning(msg)
+    return [msg]
 
 
 PUBLIC_NO_THINKING = ("qwen3-4b-dflash", "qwen3-8b-dflash")  # z-lab trained these without thinking traces (DFLASH.md §7)

@@ -346,5 +346,33 @@ def test_the_thinking_warning_reaches_the_run_and_its_summary(qwen3_dir, tmp_pat
     res = pipeline.run(_tiny_cfg(qwen3_dir, tmp_path, prompts, thinking=True, drafter_name="Qwen3-8B-DFlash-b16"))
     assert sum("without thinking traces" in w for w in res.warnings) == 1
     assert "WARNING: target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter" in summary(res)
+    assert "prompts: chat template, thinking on;" in summary(res)  # the mode is explicit in every summary
     off = pipeline.run(_tiny_cfg(qwen3_dir, tmp_path, prompts, thinking=False, drafter_name="Qwen3-8B-DFlash-b16"))
     assert not any("thinking" in w for w in off.warnings)
+    assert "prompts: chat template, thinking off;" in summary(off)
+
+
+def test_prompt_format_names_template_thinking_and_system_prompt():
+    from dflash.config.schema import TemplateConfig
+    from dflash.pipeline import prompt_format
+
+    assert prompt_format(TemplateConfig()) == "chat template, thinking off"
+    assert prompt_format(TemplateConfig(enable_thinking=True, system_prompt="S")) == "chat template, thinking on, system prompt set"
+    assert prompt_format(TemplateConfig(use_chat_template=False)) == "no chat template"
+
+
+def test_sequences_past_the_drafters_sliding_window_warn(qwen3_target, make_drafter, caplog):
+    """The field's 2048-token runs outgrow a public drafter's window: the choice made (apply, as SGLang; ignore, as z-lab's
+    sdpa loop) is named, since τ differs between them there (DFLASH.md §6); within the window, or without sliding layers, nothing."""
+    from dataclasses import replace
+
+    from dflash.pipeline import window_warning
+
+    cfg = replace(make_drafter(qwen3_target).cfg, layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    with caplog.at_level("WARNING"):
+        (w,) = window_warning(cfg, "apply", 65)
+    assert "sequences reach 65 tokens, past the drafter's sliding window of 64" in w and "as SGLang serves the drafter" in w
+    assert "with drafter.sliding_window=ignore τ differs" in w and any(w in r.getMessage() for r in caplog.records)
+    assert "drafter.sliding_window=ignore ignores it" in window_warning(cfg, "ignore", 3000)[0]
+    assert window_warning(cfg, "apply", 64) == []
+    assert window_warning(replace(cfg, layer_types=["full_attention"] * 2), "apply", 3000) == []

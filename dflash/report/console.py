@@ -65,7 +65,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     if info.linear_attention_kernel or ref.engine:
         lines.append("; ".join(filter(None, [f"linear attention: {info.linear_attention_kernel}" if info.linear_attention_kernel else None,
                                             f"references engine: {ref.engine}" if ref.engine else None])))
-    lines.append(f"replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
+    lines.append(f"prompts: {info.prompt_format}; replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
     for s in res.samples[:1]:  # dflash.report.samples.Sample records
         lines.append(f"-- sample {s.id} ({s.subset}): first blocks, [accepted] rest")

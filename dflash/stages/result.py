@@ -51,6 +51,7 @@ class RunInfo:
     linear_attention_kernel: str | None = None  # hybrid targets: the Gated DeltaNet layers' code (models.kernels), None for others
     replay_anchors: str = "all"  # replay.anchors: which anchors were drafted (the τ counters are the same in every mode)
     tf_stride: int = 1  # replay.tf_stride: teacher-forced statistics at every tf_stride-th anchor
+    prompt_format: str = ""  # how prompts were rendered: chat template or not, thinking mode, system prompt (the summary prints it)
 
 
 @dataclass
