@@ -4,6 +4,7 @@ the z-lab suite with its parent's table per data set, τ at T = 0 and T = 1 in o
 beside offline τ against a fake SGLang server that reports speculative counters."""
 
 import json
+import uuid
 from pathlib import Path
 
 import hub_copies
@@ -78,6 +79,7 @@ def test_tau_at_t0_and_t1_in_one_sweep(tmp_path):
 def dflash_server():
     """The fake SGLang server of tests/test_reference_server.py, reporting speculative counters (today's spelling)."""
     fake = Fake()
+    fake.model = f"org/model-{uuid.uuid4().hex[:8]}"  # a server never seen: evaluate() shares the project's .cache, references included
     fake.spec = lambda kind, ids, comp: SPELLINGS["sglang_correct_drafts"](ids, comp)
     srv = serve(fake)
     fake.url = f"http://127.0.0.1:{srv.server_port}"
