@@ -51,6 +51,7 @@ def resolved_params(res) -> dict[str, Any]:
         "device.name": i.device,
         "device.dtype": i.dtype,
         "target.dtype": i.dtype,
+        "replay.anchors": i.replay_anchors,
         **{f"drafter.config.{k}": v for k, v in i.drafter_config.items()},
     }  # the drafter as built (dflash.models.drafter_config)
 

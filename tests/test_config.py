@@ -245,7 +245,7 @@ def test_command_line_overrides_are_checked_before_hydra(args, bad):
 
 @pytest.mark.parametrize("override, message", [("prompts.max_new_tokens=1", "use 2 or more"), ("prompts.max_new_tokens=-3", "use 2 or more"),
                                                ("device.name=tpu", "is not a device"), ("device.name=cuda:1", None),
-                                               ("replay.anchors=some", "replay.anchors='some': use visited"),
+                                               ("replay.anchors=some", "replay.anchors='some': use auto"),
                                                ("replay.tf_stride=0", r"replay.tf_stride=0: use 1"), ("replay.context_gb=0", "positive size")])
 def test_values_the_schema_refuses(override, message):
     from dflash.config.schema import to_object
@@ -264,3 +264,14 @@ def test_sweep_name_says_what_was_swept():
 
     assert sweep_name(["drafter.step=1633,5037", "scores=true"]) == "sweep drafter.step=1633,5037"
     assert sweep_name(["scores=true"]) == "sweep scores=true"  # a one-job -m: its overrides
+
+
+def test_replay_anchors_auto_resolves_by_the_stride():
+    """auto (the default): every anchor drafted at tf_stride 1, where each is a teacher-forced anchor anyway; only the visited ones
+    with a stride; an explicit choice stays."""
+    from dflash.config.schema import ReplayConfig, to_object
+
+    cfg = to_object(_compose("config", []))
+    assert cfg.replay.anchors == "auto" and cfg.replay.mode == "all"
+    assert to_object(_compose("config", ["replay.tf_stride=4"])).replay.mode == "visited"
+    assert ReplayConfig(anchors="visited").mode == "visited" and ReplayConfig(anchors="all", tf_stride=4).mode == "all"
