@@ -362,3 +362,29 @@ def test_warns_on_layer_count_mismatch(qwen3_target, drafter):
 
     warns = check_against_target(dataclasses.replace(drafter.cfg, num_target_layers=36), qwen3_target)
     assert len(warns) == 1 and "36-layer target" in warns[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_all_finite_sees_nan_and_both_infinities(dtype):
+    """The one-reduction finite check (min and max propagate NaN and inf) refuses what isfinite().all() refuses."""
+    from dflash.models.weights import all_finite
+
+    t = torch.randn(64, 33).to(dtype)
+    assert all_finite(t) and all_finite(t[:0])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        u = t.clone()
+        u[17, 5] = bad
+        assert not all_finite(u) and not bool(torch.isfinite(u).all())
+
+
+def test_the_checkpoint_digest_is_computed_beside_the_load(tmp_path):
+    """sha256_later hashes in a thread; the digest equals hashlib's, and a file that cannot be read raises when asked for."""
+    import hashlib
+
+    from dflash.models.weights import sha256_later
+
+    f = tmp_path / "w.bin"
+    f.write_bytes(bytes(range(256)) * 5000)
+    assert sha256_later(f).result(timeout=30) == hashlib.sha256(f.read_bytes()).hexdigest()
+    with pytest.raises(FileNotFoundError):
+        sha256_later(tmp_path / "gone.bin").result(timeout=30)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from dflash.models.checkpoint_files import read_hf_folder, read_training_pickle,
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
 from dflash.models.rope import rotary_parameters
-from dflash.models.weights import sha256_file
+from dflash.models.weights import all_finite, sha256_later
 from dflash.util.errors import CheckpointError
 from dflash.util.files import find_path
 from dflash.util.progress import log
@@ -51,7 +52,7 @@ class DrafterSource:
     name: str  # for run names: "<drafter>@step_<N>"
     step: int | None
     path: str | None
-    sha256: str | None
+    digest: Future[str] | None  # the checkpoint file's sha256, computed in a thread (weights.sha256_later); kind=init: None
     config: DrafterConfig | None  # kind=init: None until fitted
     state_dict: dict[str, torch.Tensor] | None  # kind=init: None
     warnings: list[str] = field(default_factory=list)
@@ -64,8 +65,13 @@ class LoadedDrafter:
     name: str
     step: int | None
     path: str | None
-    sha256: str | None
+    digest: Future[str] | None
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def sha256(self) -> str | None:
+        """The checkpoint's sha256 (waits for its thread; None for drafter=init)."""
+        return None if self.digest is None else self.digest.result()
 
 
 # --- phase 1: read and check, no target ------------------------------------------------------------
@@ -92,7 +98,7 @@ def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -
             + (f"; shape mismatch {shapes[:4]}" if shapes else "")
             + hint
         )
-    bad = [k for k in own if sd[k].is_floating_point() and not bool(torch.isfinite(sd[k]).all())]
+    bad = [k for k in own if sd[k].is_floating_point() and not all_finite(sd[k])]
     if bad:
         raise CheckpointError(f"{where}: non-finite weights (NaN or inf) in {bad[:6]}: the checkpoint is damaged (or training diverged)")
 
@@ -130,7 +136,7 @@ def read_drafter(
         log.warning("drafter: %s", w)
     check_weights(cfg, sd, str(where))
     digest_src = where if where.is_file() else next(iter(sorted(where.glob("*.safetensors"))))
-    return DrafterSource(kind, name, step, str(where), sha256_file(digest_src), cfg, sd, warns)
+    return DrafterSource(kind, name, step, str(where), sha256_later(digest_src), cfg, sd, warns)
 
 
 # --- phase 2: fit to the target (its config and tokenizer) -----------------------------------------
@@ -255,7 +261,7 @@ def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any
     else:
         sd = {k: src.state_dict[k].to(device=device, dtype=dtype) for k in model.state_dict()}
         model.load_state_dict(sd, strict=True, assign=True)
-    return LoadedDrafter(model, src.name, src.step, src.path, src.sha256, src.warnings)
+    return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings)
 
 
 def load_drafter(
