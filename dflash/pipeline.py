@@ -145,7 +145,7 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     per group; the taps are dropped once a prompt's K/V exist, so features are never all held at once)."""
     layer_ids, rp = drafter.model.cfg.target_layer_ids, cfg.replay
     chunk = int(cfg.anchors_per_chunk or (256 if target.device.type == "cuda" else 32))
-    opt = ReplayOptions(rp.mode, rp.tf_stride, chunk, cfg.attention.drafter, cfg.scores)
+    opt = ReplayOptions(rp.mode(target.device.type == "cuda"), rp.tf_stride, chunk, cfg.attention.drafter, cfg.scores)
     fstats, out, group = FeatureStats(), [], []
     feats = iter_features(target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features))
 
@@ -170,7 +170,7 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
             with timed(timings, "replay"):
                 seq = prepare(drafter.model, target, x, r, f.taps(layer_ids))  # the taps [T, n*H] -> the drafter's context K/V
             group.append(((p, x, r), seq))
-            if rp.mode == "all" or sum(s.nbytes for _, s in group) >= rp.context_gb * 1e9 or len(group) >= chunk:
+            if opt.anchors == "all" or sum(s.nbytes for _, s in group) >= rp.context_gb * 1e9 or len(group) >= chunk:
                 flush(bar)
         if group:
             flush(bar)
@@ -243,7 +243,8 @@ def run(cfg: EvalConfig) -> EvalResult:
         target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
         stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
         drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
-        linear_attention_kernel=linear_attention_kernel(target.model), replay_anchors=cfg.replay.mode, tf_stride=cfg.replay.tf_stride,
+        linear_attention_kernel=linear_attention_kernel(target.model), replay_anchors=cfg.replay.mode(target.device.type == "cuda"),
+        tf_stride=cfg.replay.tf_stride,
         prompt_format=prompt_format(cfg.target.template),
     )
     window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))

@@ -133,13 +133,13 @@ class FeaturesConfig:
 
 @dataclass
 class ReplayConfig:
-    anchors: str = "auto"  # auto: all at tf_stride 1, else visited | visited: only the anchors the loop visits (+ the tf ones) | all: every anchor
+    anchors: str = "auto"  # auto (see mode) | visited: only the anchors the loop visits (+ the tf ones) | all: every anchor
     tf_stride: int = 1  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor
     context_gb: float = 1.0  # visited: the drafter's context keys/values held for one lockstep group of prompts
 
     def __post_init__(self) -> None:
         if self.anchors not in ("auto", "visited", "all", "???"):
-            raise ConfigError(f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1, else visited), visited (only the anchors "
+            raise ConfigError(f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1 or on CUDA, else visited), visited (only the anchors "
                               "the loop visits) or all (every anchor)")
         if isinstance(self.tf_stride, int) and self.tf_stride < 1:
             raise ConfigError(f"replay.tf_stride={self.tf_stride}: use 1 (teacher-forced accuracy at every anchor) or more (every s-th anchor)")
@@ -147,11 +147,14 @@ class ReplayConfig:
             raise ConfigError(f"replay.context_gb={self.context_gb}: use a positive size in GB (e.g. 1)")
 
 
-    @property
-    def mode(self) -> str:
-        """`anchors` resolved: auto drafts every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the
-        walk's lockstep would only add its cost) and only the visited ones with a stride (bench: `replay` section)."""
-        return self.anchors if self.anchors != "auto" else ("all" if self.tf_stride == 1 else "visited")
+    def mode(self, cuda: bool) -> str:
+        """`anchors` resolved, as measured (python -m dflash.bench: `replay` section; `--scale qwen3_6_27b`): auto drafts
+        every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the walk's lockstep would only add its cost),
+        only the visited ones with a stride on a CPU (LM-head and drafter FLOPs are the cost there), and every anchor on
+        CUDA (batched passes cost little there; the lockstep's small steps cost more)."""
+        if self.anchors != "auto":
+            return self.anchors
+        return "all" if self.tf_stride == 1 or cuda else "visited"
 
 
 @dataclass
