@@ -40,6 +40,7 @@ from dflash.stages.metrics import Counters, count_step
 from dflash.util.errors import NumericsError
 
 ANCHOR_MODES = ("all", "visited")
+CTX_ROUND = 64  # context lengths of a drafter pass rounded up to this: attention kernels see a few shapes, not one per step
 KV = list[tuple[Tensor, Tensor]]  # per drafter layer: context keys, values [S, Hkv, T, D]
 
 
@@ -103,6 +104,7 @@ def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, ancho
     block = torch.full((S, N, B), drafter.cfg.mask_token_id, dtype=torch.long, device=tokens.device)
     block[..., 0] = tokens
     ctx_len = int(anchors.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
+    ctx_len = min(kv[0][0].shape[2], -(-ctx_len // CTX_ROUND) * CTX_ROUND)  # few distinct shapes: the mask hides keys >= p
     h = drafter(None, target.embed(block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
                 ctx_kv=[(k[:, :, :ctx_len], v[:, :, :ctx_len]) for k, v in kv])  # [S, N, B, H]
     if not bool(torch.isfinite(h).all()):
