@@ -146,7 +146,6 @@ class ReplayConfig:
         if isinstance(self.context_gb, (int, float)) and self.context_gb <= 0:
             raise ConfigError(f"replay.context_gb={self.context_gb}: use a positive size in GB (e.g. 1)")
 
-
     def mode(self, cuda: bool) -> str:
         """`anchors` resolved, as measured (python -m dflash.bench: `replay` section; `--scale qwen3_6_27b`): auto drafts
         every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the walk's lockstep would only add its cost),

@@ -264,6 +264,7 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[Sequence],
         for part in (todo[j : j + opt.chunk] for j in range(0, len(todo), opt.chunk)):
             idx, anc = torch.tensor(part, device=dev), torch.tensor([pos[i] for i in part], device=dev)  # [R]
             L = int(anc.max()) + int(opt.see_anchor)
+            L = min(kv[0][0].shape[2], -(-L // CTX_ROUND) * CTX_ROUND)  # as drafter_hidden rounds it: few shapes
             rows = kv if len(part) == len(seqs) else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
             h = drafter_hidden(drafter, target, ext[idx, anc][:, None], anc[:, None], rows, opt.backend, opt.see_anchor)[:, 0]
             labels = ext[idx[:, None], anc[:, None] + torch.arange(1, B, device=dev)]  # [R, B-1]
