@@ -135,7 +135,11 @@ def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anc
     """h [R, K, H] slots 1..B-1's final states (the target's dtype), anchor [R] -> Proposal. `head` is the
     target's LM head; the walk starts from the anchor."""
     R, K, H = h.shape
-    logits = head(h.reshape(R * K, H)).view(R, K, -1)  # 2-D into the head: a 3-D strided input takes a slow bmm path
+    return propose_logits(drafter, head(h.reshape(R * K, H)).view(R, K, -1), h, anchor)  # 2-D into the head: a 3-D input takes a slow bmm path
+
+
+def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
+    """`propose` from the LM head's raw logits [R, K, V]."""
     d2 = drafter.cfg.dflash2
     if d2 is None:
         top = logits.argmax(-1)
