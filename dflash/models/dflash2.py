@@ -78,9 +78,9 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))
 
     def transition(self, proj: Tensor, prev: Tensor, cand: Tensor) -> Tensor:
-        """proj [R, r] (float32), prev [R], cand [R, k] -> the bilinear scores [R, k] in float32."""
-        ctx = self.predecessor_codebook[prev].float() * proj  # [R, r]
-        return (self.successor_codebook[cand].float() * ctx[:, None, :]).sum(-1)
+        """proj [..., r] (float32), prev [...], cand [..., k] -> the bilinear scores [..., k] in float32."""
+        ctx = self.predecessor_codebook[prev].float() * proj  # [..., r]
+        return (self.successor_codebook[cand].float() * ctx.unsqueeze(-2)).sum(-1)
 
 
 @dataclass(frozen=True)
