@@ -164,7 +164,7 @@ def test_artifacts_are_json_and_self_contained_html(byte_tok):
     files = artifacts([rec, rec], title="t")
     want = {"id": "p<1>", "subset": "fresh", "prompt": "hi", "prompt_tokens": 2, "reference": "abc é", "reference_pieces": rec.reference_pieces,
             "acceptance_length": rec.acceptance_length, "steps": rec.steps, "blocks": [dataclasses.asdict(b) for b in rec.blocks]}
-    assert list(want["blocks"][0]) == ["anchor_pos", "proposal", "proposal_ids", "accepted", "bonus"]
+    assert list(want["blocks"][0]) == ["anchor_pos", "proposal", "proposal_ids", "accepted", "bonus", "unary", "reranked"]  # last two: DFlash2
     assert [list(d.items()) for d in json.loads(files["samples.json"])] == [list(want.items())] * 2  # the keys in samples.json's order
     page = files["samples.html"].decode()
     assert page.startswith("<!doctype html>") and '<meta charset="utf-8">' in page

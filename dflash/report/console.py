@@ -26,6 +26,12 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
         f"acceptance length τ (bonus included, token-weighted): {fmt(g('acceptance_length'))} ± {fmt(g('acceptance_length_se'))} (SE over prompts)   "
         f"macro (per-prompt mean): {fmt(g('acceptance_length_macro'))}   expected from accuracy: {fmt(g('expected_acceptance_length'))}",
     ]
+    if "acceptance_length_unary" in m:  # DFlash2 (the rows are absent for DFlash)
+        lines.append(
+            f"DFlash2: τ (selector walk) {fmt(g('acceptance_length'))}   unary τ (argmax, no selector) {fmt(g('acceptance_length_unary'))} "
+            f"± {fmt(g('acceptance_length_unary_se'))}   selector gain {fmt(g('selector_gain'), '+.3f')} ± {fmt(g('selector_gain_se'))} "
+            f"(paired SE)   expected: unary {fmt(g('expected_acceptance_length_unary'))}, top-k ceiling {fmt(g('expected_acceptance_length_topk'))}"
+        )
     if info.drafter_config:
         lines.append("drafter config: " + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items()) + f"; stop ids {info.stop_ids}")
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
@@ -47,12 +53,16 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
     if scored:
         lines.append(f"NLL of the reference token (tf, nats): {fmt(g('nll_mean'))} ± {fmt(g('nll_mean_se'))}   "
                      f"overconfidence (confidence - accuracy): {fmt(g('overconfidence'), '+.3f')}")
-    stride = info.tf_stride
-    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)   ± se" + ("   nll(tf)  confidence" if scored else ""))
+    stride, sel = info.tf_stride, "topk_recall" in cv
+    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)   ± se" + ("   unary(tf)  top-k recall" if sel else "")
+                 + ("   nll(tf)  confidence" if scored else ""))
     se = cv.get("accuracy_se") or [None] * len(cv["accuracy"])
     for k, (a, c, t) in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"]), start=1):
-        extra = f"  {fmt(cv['nll'][k - 1]):>8}  {fmt(cv['confidence'][k - 1]):>10}" if scored else ""
+        extra = f"  {fmt(cv['unary_accuracy'][k - 1]):>10}  {fmt(cv['topk_recall'][k - 1]):>12}" if sel else ""
+        extra += f"  {fmt(cv['nll'][k - 1]):>8}  {fmt(cv['confidence'][k - 1]):>10}" if scored else ""
         lines.append(f"{k:>3}   {fmt(a):>11}  {fmt(c):>12}  {fmt(t):>12}  {fmt(se[k - 1]):>5}{extra}")
+    if sel:
+        lines.append("(DFlash2: accuracy(tf) is the selector walk's, unary(tf) the unary top-1's; top-k recall bounds both)")
     if stride > 1:
         lines.append(f"(accuracy(tf): every {stride}th anchor (replay.tf_stride={stride}), a systematic sample; ± se over prompts)")
     if any(v is None for v in cv["accept_rate_cond"]):
@@ -100,6 +110,10 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
         f"{int(m.get('new_tokens') or 0)} new tokens, {int(m.get('steps') or 0)} verify steps; "
         f"references {ref.hits} cached, {ref.generated} generated",
     ]
+    if "acceptance_length_unary" in m:
+        lines.append(f"- **DFlash2**: unary τ (argmax, no selector) {fmt(m.get('acceptance_length_unary'))}; selector gain "
+                     f"{fmt(m.get('selector_gain'), '+.3f')} ± {fmt(m.get('selector_gain_se'))} (paired SE); expected τ of the "
+                     f"top-k ceiling {fmt(m.get('expected_acceptance_length_topk'))}")
     if m.get("leak_probe/acceptance_length") is not None:
         lines.append(f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "
                      f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})")

@@ -9,6 +9,8 @@ the anchor's position, the drafted slots decoded, how many the target accepted, 
 MLflow's artifact viewer shows it as is): per prompt, the reference token by token, each verify
 step boxed, its accepted drafted tokens, the drafter's first rejected token (struck through, its
 whole rejected draft in the tooltip) and the bonus token in colour; a legend; the prompt's τ.
+DFlash2 drafters: a drafted token the selector's walk chose over the unary top-1 (`SampleStep.reranked`)
+is outlined, the unary top-1 in its tooltip.
 Prompt and model text is untrusted: every piece goes through html.escape.
 
 Decoding: byte-level BPE splits a character over several tokens, and some tokenizers drop a
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from dflash.stages.prompts import Prompt
@@ -64,6 +66,8 @@ class SampleStep:
     proposal_ids: list[int]
     accepted: int  # drafted tokens the target accepted
     bonus: str | None  # the target's token after them; None where the reference ended
+    unary: list[str] | None = None  # DFlash2: the unary top-1 at the same slots, decoded
+    reranked: list[int] = field(default_factory=list)  # DFlash2: 0-based slots where the walk chose other than the unary top-1
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,10 @@ def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], bl
         has_bonus = b.anchor_pos + b.accepted + 1 < T  # the reference goes on after the accepted tokens
         committed += b.accepted + has_bonus
         ctx = seq[max(0, b.anchor_pos + 1 - CONTEXT) : b.anchor_pos + 1]
+        unary = None if b.unary is None else token_pieces(tok, ctx + b.unary, len(ctx))
+        reranked = [] if b.unary is None else [k for k, (w, u) in enumerate(zip(b.proposal, b.unary)) if w != u]
         steps.append(SampleStep(b.anchor_pos, token_pieces(tok, ctx + b.proposal, len(ctx)), list(b.proposal), b.accepted,
-                                ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None))
+                                ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None, unary, reranked))
     return Sample(p.id, p.subset, prompt_text(p), P, "".join(ref), ref, committed / len(blocks) if blocks else None, len(blocks), steps)
 
 
@@ -108,6 +114,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; max-width: 70em; color
 .acc { background: #b7ebb7; }
 .rej { background: #f7c1c1; color: #9c0000; text-decoration: line-through; }
 .bonus { background: #bcd4ff; }
+.sel { outline: 2px dashed #7a4ab0; }
 .legend span { padding: 0 .4em; margin-right: .6em; font-family: ui-monospace, monospace; }
 .legend .step { border-left: 2px solid #777; padding: 0; margin-right: .2em; }
 table.toc td { padding: 0 .8em 0 0; }
@@ -123,6 +130,15 @@ LEGEND = (
     "(hover it for the whole rejected draft). τ = tokens committed per verify step, bonus included (plain decoding = 1). "
     "↵ marks a newline inside a coloured token.</p>"
 )
+SELECTOR_LEGEND = ('<p class="legend"><span class="acc sel">selector&#x27;s choice</span>DFlash2: a drafted token the '
+                   "candidate selector chose over the unary top-1 (hover it for the unary top-1).</p>")
+
+
+def _selected(b: SampleStep, k: int, cls: str, title: str) -> tuple[str, str]:
+    """Slot k's class and tooltip, marked where the selector's walk chose other than the unary top-1."""
+    if k in b.reranked and b.unary is not None:
+        return f"{cls} sel", f"{title}; the selector chose it over the unary top-1 {b.unary[k]!r}"
+    return cls, title
 
 
 def _span(cls: str, text: str, title: str) -> str:
@@ -135,15 +151,15 @@ def _reference_html(r: Sample) -> str:
     out = [_span("pre", ref[0], "first token: from the prefill, before any verify step")] if ref else []
     for i, b in enumerate(r.blocks):
         o, a = b.anchor_pos - P, b.accepted
-        parts = [_span("acc", ref[o + 1 + k], f"step {i + 1}: slot {k + 1} accepted") for k in range(a)]
+        parts = []
+        for k in range(a):
+            cls, title = _selected(b, k, "acc", f"step {i + 1}: slot {k + 1} accepted")
+            parts.append(_span(cls, ref[o + 1 + k], title))
         if b.bonus is not None:
             if a < len(b.proposal):
                 rejected = "".join(b.proposal[a:])
-                parts.append(
-                    _span(
-                        "rej", b.proposal[a] or "\ufffd", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"
-                    )
-                )
+                cls, title = _selected(b, a, "rej", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}")
+                parts.append(_span(cls, b.proposal[a] or "\ufffd", title))
             parts.append(_span("bonus", b.bonus, f"step {i + 1}: bonus token after {a} accepted"))
         out.append(f'<span class="step" title="{html.escape(f"step {i + 1}: {a} accepted")}">{"".join(parts)}</span>')
     return "".join(out)
@@ -166,8 +182,9 @@ def samples_html(records: list[Sample], title: str = "") -> str:
             f'<div class="text">{_reference_html(r)}</div></section>'
         )
     head = f"Samples{': ' + e(title) if title else ''}"
+    sel = SELECTOR_LEGEND if any(b.unary is not None for r in records for b in r.blocks) else ""
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{head}</title><style>{CSS}</style></head><body>'
-            f'<h1>{head}</h1>{LEGEND}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n')
+            f'<h1>{head}</h1>{LEGEND}{sel}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n')
 
 
 def artifacts(records: list[Sample], title: str = "") -> dict[str, bytes]:

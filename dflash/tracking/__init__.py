@@ -54,9 +54,10 @@ from dflash.tracking.store import (
                                    store_lock,
 )
 from dflash.tracking.sweep import ChildRun, ParentRun, finish_parent, open_sweep, sweep_parents
-from dflash.tracking.view import eval_view, setup_eval_experiment, view_url
+from dflash.tracking.view import DFLASH2_SPECFORGE, eval_view, setup_eval_experiment, view_url
 
 __all__ = [
+    "DFLASH2_SPECFORGE",
     "HOST_TAG",
     "PER_PROMPT",
     "PID_START_TAG",

@@ -1,5 +1,9 @@
 """The evaluation experiment as MLflow's UI shows it: its description and the saved view (τ columns,
-headline charts first, the rest collapsed), and the link that opens it."""
+headline charts first, the rest collapsed), and the link that opens it.
+
+`DFLASH2_SPECFORGE`: DFlash2's MLflow names (scalars, and `by_position/<kind>` curves with step = draft
+slot) and the SpecForge training metric each one answers (DFLASH.md §8.5; docs/dflash2.md). SpecForge's
+are teacher-forced on sampled training anchors; these on every anchor of the evaluation references."""
 
 from __future__ import annotations
 
@@ -22,12 +26,27 @@ with `acceptance_length_se` (SE over prompts) and `acceptance_length/<subset>`.
 - Curves over the draft slots (x = slot k, 1 = first drafted token): `by_position/accept_rate` (cumulative), \
 `by_position/accept_rate_cond` (conditional), `by_position/accuracy` (teacher-forced); `by_commit/share`: \
 share of verify steps committing x tokens. The table view shows a curve's last point: read curves in the chart view.
+- DFlash2 drafters also log the unary τ (`acceptance_length_unary`: the drafter without its selector), \
+`selector_gain` ± `selector_gain_se` (paired over prompts), `by_position/unary_accuracy` and `by_position/topk_recall` \
+(section "DFlash2"; SpecForge's names for them: docs/dflash2.md).
 - Each run: description (overview), `samples.html`, `plots/`, `per_position.json`, `per_prompt.json`. A `-m` sweep: \
 one parent per sweep with `sweep/children.csv` and `sweep/*.png`.
 - Open the saved view **dflash: τ and curves** (Saved views, or `...&viewStateShareKey=dflash` in the URL) for τ \
 in the table and these charts first. Pair two runs by prompt: `python -m dflash.compare A B`.
 """
 
+DFLASH2_SPECFORGE = {  # our MLflow name -> SpecForge's training metric (K = selector_top_k)
+    "acceptance_length": "dflash2/selector/walk_accepted_length (there: over sampled anchors)",
+    "acceptance_length_unary": "dflash/hard_label/walk_accepted_length",
+    "selector_gain": "the difference of the two walk_accepted_length",
+    "expected_acceptance_length_unary": "dflash/hard_label/*_accepted_length of the unary argmax (1 + Σ Π unary accuracy)",
+    "expected_acceptance_length_topk": "dflash/hard_label/unary_topK_oracle_accepted_length",
+    "by_position/unary_accuracy": "dflash/hard_label/unary_top1_accuracy, position_<j>",
+    "by_position/accuracy": "dflash2/selector/self_conditioned_marginal_accuracy, position_<j> (the walk's)",
+    "by_position/topk_recall": "dflash/hard_label/unary_topK_recall, position_<j>",
+}
+DFLASH2_CHARTS = [("acceptance_length_unary", "BAR"), ("selector_gain", "BAR"), ("by_position/unary_accuracy", "LINE"),
+                  ("by_position/topk_recall", "LINE")]
 HEADLINE = [("acceptance_length", "BAR"), ("by_position/accept_rate", "LINE"), ("by_position/accept_rate_cond", "LINE"),
             ("by_position/accuracy", "LINE"), ("by_commit/share", "LINE")]
 COLLAPSED = ["by_position", "expected_acceptance_length", "leak_probe", "time", "Model metrics", "System metrics"]
@@ -42,12 +61,13 @@ def eval_view(subsets: Sequence[str]) -> dict[str, Any]:
         if kind == "LINE":
             c.update(selectedMetricKeys=[key], xAxisKey="step", useGlobalXaxisKey=False, lineSmoothness=0, useGlobalLineSmoothing=False,
                      scaleType="linear", xAxisScaleType="linear", displayPoints=True, selectedXAxisMetricKey="",
-                     range={"yMin": 0, "yMax": 1} if "/accept" in key or "/accuracy" in key else {})
+                     range={"yMin": 0, "yMax": 1} if "/accept" in key or "accuracy" in key or "recall" in key else {})
         return c
 
     sections = [("dflash-headline", "τ, acceptance by draft slot, commits per step", True), ("dflash-subsets", "acceptance_length", True)]
-    sections += [(f"dflash-s{i}", name, False) for i, name in enumerate(COLLAPSED)]
+    sections += [(f"dflash-s{i}", name, False) for i, name in enumerate(COLLAPSED)] + [("dflash-dflash2", "DFlash2", False)]
     charts = [chart(i, k, t, "dflash-headline") for i, (k, t) in enumerate(HEADLINE)]
+    charts += [chart(len(charts) + i, k, t, "dflash-dflash2") for i, (k, t) in enumerate(DFLASH2_CHARTS)]
     charts += [chart(len(charts) + i, f"acceptance_length/{s}", "BAR", "dflash-subsets") for i, s in enumerate(subsets)]
     metric_cols = ["acceptance_length", "acceptance_length_se", *[f"acceptance_length/{s}" for s in subsets], "expected_acceptance_length"]
     return {
