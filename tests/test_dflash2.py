@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import MASK_ID, VOCAB
 from test_fidelity import LAYERS, H, weights, write_drafter
+from test_refusals import _evaluate, broken_target  # noqa: F401 (fixture)
 
 from dflash.models.checkpoint import build_drafter, fit_drafter, read_drafter
 from dflash.models.dflash2 import BlockConv, propose
@@ -215,3 +216,15 @@ def test_identity_dflash2_equals_the_same_weights_read_as_dflash(tmp_path, qwen3
     assert torch.allclose(hs[0], hs[1], atol=1e-6) and not torch.allclose(hs[0], hs[2], atol=1e-3)
     p = [propose(m, qwen3_target.lm_head, h, block[0, :, 0]) for m, h in zip((dflash, two), hs)]
     assert torch.equal(p[0].tokens, p[1].tokens) and torch.equal(p[1].tokens, p[1].unary)
+
+
+@pytest.mark.slow
+def test_bad_dflash2_drafter_exits_2_naming_it(tmp_path, broken_target):  # noqa: F811
+    """evaluate.py end to end: a bad DFlash2 value and a bad DFlash2 tensor exit 2 naming them, no traceback,
+    before the target's (here unloadable) weights are read."""
+    sd = dflash2_weights(weights())
+    sd.pop("candidate_selector.successor_codebook")
+    for folder, words in ((write_dflash2(tmp_path / "v", dflash={"conv_group_size": 24}), "dflash_config.conv_group_size=24"),
+                          (write_dflash2(tmp_path / "t", sd=sd), "candidate_selector.successor_codebook")):
+        r = _evaluate(tmp_path, broken_target, folder)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
