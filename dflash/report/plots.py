@@ -7,7 +7,8 @@ figure: τ counts the bonus token (plain decoding = 1); slot k = 1..B-1 is the k
 One run (`dflash.stages.metrics.Counters` summed over prompts):
 - `position_curves_png`: per slot k, cumulative acceptance (steps whose slot k was accepted /
   steps, vLLM's), conditional acceptance (accepted at k / accepted at k-1) and teacher-forced
-  accuracy (slot k right whatever the earlier slots, over every anchor). A 0/0 rate is undefined:
+  accuracy (slot k right whatever the earlier slots, over every anchor); DFlash2 also the unary top-1
+  accuracy and the unary top-k recall. A 0/0 rate is undefined:
   a gap in the line, never a 0.
 - `commit_hist_png`: verify steps by tokens committed (accepted + bonus), τ marked.
 - `run_plots`: both, by artifact path (`plots/per_position.png`, `plots/commit_hist.png`).
@@ -64,6 +65,9 @@ def position_curves_png(c: Counters, title: str = "") -> bytes:
     ax.plot(k, _y(r["accept_rate"]), "o-", label="cumulative acceptance: steps with slot k accepted / steps")
     ax.plot(k, _y(r["accept_rate_cond"]), "s--", label="conditional acceptance: accepted at k / accepted at k−1")
     ax.plot(k, _y(r["accuracy"]), "^:", label="teacher-forced accuracy: slot k right, any prefix (every anchor)")
+    if c.selector:  # DFlash2: the unary argmax's accuracy and the top-k recall that bounds the selector
+        ax.plot(k, _y(r["unary_accuracy"]), "v:", label="DFlash2: teacher-forced unary top-1 accuracy")
+        ax.plot(k, _y(r["topk_recall"]), "d-.", label="DFlash2: unary top-k recall (the selector's ceiling)")
     _slots_axis(ax, len(k), "rate")
     ax.legend(fontsize=8, loc="upper right")
     tau = acceptance_length(c)  # None: no verify step (undefined)
