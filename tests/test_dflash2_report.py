@@ -14,6 +14,7 @@ from test_dflash2_online import as_dflash2, smollm2  # noqa: F401 (fixture)
 from test_evaluate import FAST, evaluate, runs
 from test_samples import _run, byte_tok, ids, parse  # noqa: F401 (fixture)
 
+from dflash.report.plots import position_curves_png
 from dflash.report.samples import sample_record, samples_html
 from dflash.stages.metrics import Counters, count_step, position_curves, summarize
 from dflash.tracking import DFLASH2_SPECFORGE
@@ -45,6 +46,7 @@ def test_mlflow_names_are_the_summary_and_curve_names():
     c.tf_total, c.tf_correct, c.tf_unary_correct, c.tf_topk_hit = [2, 2, 2], [1, 1, 0], [1, 0, 0], [2, 1, 1]
     names = set(summarize([("s", c), ("s", c)])) | {f"by_position/{k}" for k in position_curves(c)}
     assert set(DFLASH2_SPECFORGE) <= names
+    assert position_curves_png(c)[:4] == b"\x89PNG"  # the figure draws the DFlash2 curves too
     plain = Counters(block_size=4)
     count_step(plain, 1, 2)
     dflash = set(summarize([("s", plain)])) | {f"by_position/{k}" for k in position_curves(plain)}
