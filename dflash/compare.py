@@ -27,6 +27,11 @@ from dflash.util.errors import UserError
 from dflash.util.files import atomic_write_bytes
 
 
+def _identity(t) -> RunIdentity:
+    """A run's target and dtype as dflash.tracking reads them back (`RunTags`)."""
+    return RunIdentity(t.target_identity, t.dtype)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_a", help="baseline: MLflow run id or run name (e.g. fixed@step_1633)")
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(run_id: str) -> tuple[list[PromptRow], RunIdentity]:
             if run_id not in rows:
-                rows[run_id] = rows_of(tracking.load_per_prompt(args.uri, run_id)), RunIdentity.from_tags(tracking.run_tags(args.uri, run_id))
+                tags = tracking.RunTags.of(tracking.run_tags(args.uri, run_id))
+                rows[run_id] = rows_of(tracking.load_per_prompt(args.uri, run_id)), _identity(tags)
             return rows[run_id]
 
         def newest_pair() -> tuple[str, str, str, str, list[tuple[PromptRow, PromptRow]]]:

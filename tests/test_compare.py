@@ -89,14 +89,14 @@ def test_a_run_that_does_not_say_its_target_or_dtype_is_refused():
     """A run without the target_identity or dtype tag (logged before they existed, or otherwise) cannot be checked: refused,
     whichever side lacks it, both included."""
     a = _rows(3)
-    untagged = RunIdentity.from_tags({})
+    untagged = RunIdentity()
     with pytest.raises(CompareError, match="run B has no target_identity tag .* cannot be checked; evaluate it again"):
         align(a, a, ID, untagged)
     with pytest.raises(CompareError, match="run A has no dtype tag"):
-        align(a, a, RunIdentity.from_tags({"target_identity": ID.target}), ID)
+        align(a, a, RunIdentity(target=ID.target), ID)
     with pytest.raises(CompareError, match="runs A and B have no target_identity tag .* evaluate them again"):
         align(a, a, untagged, untagged)
-    assert len(align(a, a, RunIdentity.from_tags(TAGS), ID)) == len(a)
+    assert len(align(a, a, RunIdentity(TAGS["target_identity"], TAGS["dtype"]), ID)) == len(a)
     with pytest.raises(CompareError, match="evaluate it again"):
         rows_of([{k: v for k, v in r.items() if k != "reference_digest"} for r in _dicts(3)])
 
@@ -173,7 +173,7 @@ def test_sweep_leaves_out_of_the_pairing_a_child_over_other_references_and_says_
     other_ref = [dataclasses.replace(r, reference_digest="other") if r.id == "p4" else r for r in _rows(4, shift=0.1)]
     kids = [_kid("a@step_1", "id1", {"drafter.step": "1"}, base), _kid("a@step_2", "id2", {"drafter.step": "2"}, other_ref),
             dataclasses.replace(_kid("a@step_3", "id3", {"drafter.step": "3"}, _rows(4)), identity=RunIdentity(ID.target, "bfloat16")),
-            Child.read("a@step_4", "id4", {"drafter.step": "4"}, _dicts(4), {}, {}),  # logged without the tags
+            Child.read("a@step_4", "id4", {"drafter.step": "4"}, _dicts(4), {}, RunIdentity()),  # logged without the tags
             _kid("a@step_5", "id5", {"drafter.step": "5"}, _rows(4, shift=0.1))]
     t = sweep_table(kids)
     assert [r.tau is not None for r in t] == [True] * 5

@@ -48,7 +48,7 @@ class DrafterSchema:
     kind: str = MISSING  # training | hf | init
     name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
     run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
-    step: Optional[int] = None  # kind=training: None = latest
+    step: Any = None  # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th): StepSelection
     path: Optional[str] = None  # kind=hf
     # only where a checkpoint lacks them:
     block_size: Optional[int] = None
@@ -59,6 +59,72 @@ class DrafterSchema:
     num_layers: int = 1
     num_taps: Optional[int] = None  # null: the public rule, one tap per draft layer
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.step != "???":
+            sel = StepSelection.parse(self.step)
+            if sel.many and self.kind not in ("training", "???"):
+                raise ConfigError(f"drafter.step={self.step!r} selects several steps of a training run: it needs drafter=training "
+                                  f"(drafter.run_dir), not drafter={self.kind}")
+
+
+STEP_SYNTAX = ("use null (the latest step), a step N, all, a list [N,M,...], a range A..B of training steps (both ends included; "
+               "A.. or ..B leave one end open), and /k after all or a range for every k-th step folder of those (all/2, 1000..9000/4)")
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """Which step folders of a training run `drafter.step` names: one (`single`: N, or null for the latest) or several
+    (`all`, a list, a range A..B, each of them optionally thinned to every k-th folder by `/k`)."""
+
+    single: bool = True
+    step: Optional[int] = None  # single: the step; None: the latest
+    steps: Optional[tuple[int, ...]] = None  # a list
+    lo: Optional[int] = None  # a range's ends (inclusive); None: open
+    hi: Optional[int] = None
+    every: int = 1
+
+    @property
+    def many(self) -> bool:
+        return not self.single
+
+    @classmethod
+    def parse(cls, value: Any) -> "StepSelection":
+        """drafter.step as written -> the selection; ConfigError naming the syntax when it is none of the forms."""
+        bad = ConfigError(f"drafter.step={value!r} is not a step selection: {STEP_SYNTAX}")
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            if value is not None and value < 0:
+                raise bad
+            return cls(step=value)
+        if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+            items = list(value)
+            if not items or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in items):
+                raise bad
+            return cls(single=False, steps=tuple(sorted(set(items))))
+        if not isinstance(value, str):
+            raise bad
+        m = re.fullmatch(r"\s*(all|(\d*)\.\.(\d*)|\d+)\s*(?:/\s*(\d+))?\s*", value)
+        if not m or (m.group(4) is not None and (m.group(1).isdigit() or int(m.group(4)) < 1)):
+            raise bad
+        if m.group(1).isdigit():
+            return cls(step=int(m.group(1)))
+        every = int(m.group(4) or 1)
+        if m.group(1) == "all":
+            return cls(single=False, every=every)
+        lo, hi = (int(g) if g else None for g in (m.group(2), m.group(3)))
+        if lo is not None and hi is not None and lo > hi:
+            raise ConfigError(f"drafter.step={value!r}: the range's start is past its end; {STEP_SYNTAX}")
+        return cls(single=False, lo=lo, hi=hi, every=every)
+
+    def select(self, steps: list[int]) -> list[int]:
+        """The selected steps among those a run folder holds (sorted); a single selection: its step, or the latest."""
+        have = sorted(steps)
+        if self.single:
+            return [self.step] if self.step is not None else have[-1:]
+        if self.steps is not None:
+            return [s for s in have if s in self.steps]
+        inside = [s for s in have if (self.lo is None or s >= self.lo) and (self.hi is None or s <= self.hi)]
+        return inside[:: self.every]
 
 
 @dataclass
@@ -165,6 +231,43 @@ class TrackingConfig:
 
 
 @dataclass
+class WatchConfig:  # follow=true: how the run folder is watched (dflash/series.py, dflash/stages/watch.py)
+    poll_s: float = 10.0  # seconds between looks at drafter.run_dir
+    settle_s: float = 5.0  # a complete-looking step folder is read once its files have not changed for this long (0: at once)
+    quiet_s: Optional[float] = None  # end after this long without a new step; null: never (SIGTERM or last_step ends it)
+    last_step: Optional[int] = None  # end once this step (or a later one) is evaluated
+
+    def __post_init__(self) -> None:
+        for k in ("poll_s", "settle_s", "quiet_s"):
+            v = getattr(self, k)
+            if isinstance(v, (int, float)) and v < 0:
+                raise ConfigError(f"watch.{k}={v}: use a number of seconds, 0 or more")
+
+
+@dataclass
+class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/stages/trainlog.py)
+    source: str = "auto"  # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard | mlflow | none
+    path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
+    uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
+    run: Optional[str] = None  # mlflow: the trainer's run id or name
+    keys: Optional[list[str]] = None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
+    accuracy_key: Optional[str] = None  # the training accuracy the stall check reads; null: the shortest chosen name with acc in it
+    min_rise: float = 0.01  # the stall check: training accuracy rose at least this much while τ did not rise past its best by 2 SE
+
+    def __post_init__(self) -> None:
+        if self.source not in ("auto", "jsonl", "tensorboard", "mlflow", "none", "???"):
+            raise ConfigError(f"train_metrics.source={self.source!r}: use auto, jsonl, tensorboard, mlflow or none")
+        if self.source == "mlflow" and not self.run:
+            raise ConfigError("train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and train_metrics.uri "
+                              "when it logs to another store)")
+        for k in self.keys or []:
+            try:
+                re.compile(k)
+            except re.error as e:
+                raise ConfigError(f"train_metrics.keys: {k!r} is not a regular expression ({e})") from None
+
+
+@dataclass
 class EvalConfig:
     target: TargetConfig = MISSING
     drafter: DrafterSchema = MISSING
@@ -182,6 +285,19 @@ class EvalConfig:
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
     scores: bool = False  # also the reference token's NLL and the drafter's confidence (~30% more replay on CPU)
     progress: bool = True  # stage lines and progress bars (dflash.util.progress); false: warnings only
+    follow: bool = False  # watch drafter.run_dir and evaluate each new step once it is complete (watch.*): a training run's parent
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    train_metrics: TrainMetricsConfig = field(default_factory=TrainMetricsConfig)
+
+    def __post_init__(self) -> None:
+        if self.follow is True and not isinstance(self.drafter, str) and self.drafter.kind not in ("training", "???"):
+            raise ConfigError(f"follow=true watches a training run's folder: it needs drafter=training (drafter.run_dir), not "
+                              f"drafter={self.drafter.kind}")
+
+    @property
+    def series(self) -> bool:
+        """Whether this evaluates a training run step by step (several steps, or follow=true): one MLflow parent per training run."""
+        return self.follow or StepSelection.parse(self.drafter.step).many
 
 
 def register() -> None:

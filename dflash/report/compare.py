@@ -31,14 +31,10 @@ class CompareError(UserError):
 @dataclass(frozen=True)
 class RunIdentity:
     """What a run's references and features depend on beyond its rows: the target's identity and dtype
-    (the run's tags `target_identity`, `dtype`); None where a run did not say."""
+    (read back from the run by dflash.tracking: `RunTags`); None where a run did not say."""
 
     target: Optional[str] = None
     dtype: Optional[str] = None
-
-    @classmethod
-    def from_tags(cls, tags: dict[str, str]) -> "RunIdentity":
-        return cls(tags.get("target_identity"), tags.get("dtype"))
 
 
 Pair = tuple[PromptRow, PromptRow]

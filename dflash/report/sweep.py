@@ -36,13 +36,13 @@ class Child:
 
     @classmethod
     def read(cls, name: str, run_id: str, values: dict[str, str], rows: list[dict[str, Any]] | None, params: dict[str, str],
-             tags: dict[str, str]) -> "Child":
-        """A child from what the store holds (per_prompt.json's dicts, its params and tags)."""
+             identity: RunIdentity) -> "Child":
+        """A child from what the store holds (per_prompt.json's dicts, its params, its target and dtype)."""
         try:
             typed, note = (rows_of(rows) if rows is not None else None), ""
         except CompareError as e:
             typed, note = None, str(e)
-        return cls(name, run_id, values, typed, params, RunIdentity.from_tags(tags), note)
+        return cls(name, run_id, values, typed, params, identity, note)
 
 
 def swept_values(overrides: list[list[str]]) -> list[dict[str, str]]:

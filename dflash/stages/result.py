@@ -64,6 +64,7 @@ class EvalResult:
     timings: dict[str, float]
     info: RunInfo
     warnings: list[str] = field(default_factory=list)
+    run_id: str | None = None  # the MLflow run it was logged to (dflash.evaluate(log=True))
 
 
 def per_prompt_row(r: PromptResult) -> PromptRow:

@@ -1,0 +1,151 @@
+"""An evaluation run's record in MLflow: every name it holds (tags, params, artifacts, curves), defined once,
+and `log_eval`, which writes one result under those names. Readers (dflash.tracking.parents, store.load_per_prompt,
+dflash.compare through `RunTags`) read back through the same constants.
+
+What the report makes of a result (the description, plots, samples) arrives ready as an `EvalRecord`
+(dflash/record.py composes it): this module only decides where each piece goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dflash.stages.metrics import commit_share, position_table
+from dflash.stages.result import EvalResult, per_prompt_row
+from dflash.stages.served import served_histogram
+
+if TYPE_CHECKING:
+    from dflash.tracking.run import Run
+
+# tags of an evaluation run
+CHECKPOINT_PATH_TAG = "checkpoint_path"
+CHECKPOINT_SHA_TAG = "checkpoint_sha256"  # a training run's parent matches steps already evaluated by it
+DRAFTER_STEP_TAG = "drafter_step"
+DEVICE_TAG, DTYPE_TAG = "device", "dtype"
+TARGET_TAG = "target_identity"
+WARNINGS_TAG = "warnings"
+LINEAR_KERNEL_TAG = "target.linear_attention_kernel"
+REFERENCE_ENGINE_TAG = "references.engine"
+OVERRIDES_TAG = "overrides"  # the job's Hydra overrides (JSON list)
+JOB_TAG = "dflash.job"  # a sweep job's number
+GROUP_TAG = "group."  # + a Hydra group: its choice
+ERROR_TAG = "error"  # why a run ended FAILED
+KILLED_TAG = "dflash.killed"  # why a run ended KILLED
+
+# artifacts
+CONFIG_FILE = "config.yaml"
+PER_POSITION = "per_position.json"
+PER_PROMPT = "per_prompt.json"  # the per-prompt rows (Run.log_per_prompt, store.load_per_prompt, python -m dflash.compare)
+
+# curves (MLflow step = draft slot k, or tokens committed by a verify step) and scalar prefixes
+BY_POSITION = "by_position/"  # + accept_rate | accept_rate_cond | accuracy | ...
+BY_COMMIT = "by_commit/share"
+SERVED_BY_COMMIT = "served/by_commit/share"
+TIME = "time/"  # + a stage: its seconds
+TAU = "acceptance_length"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The prompts as an MLflow dataset input: runs on the same prompts filter together by `digest`."""
+
+    name: str
+    digest: str
+    source: dict[str, Any]
+    profile: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """What the report made of a result for its run: the description, files (plots, samples), the composed config."""
+
+    note: str
+    files: dict[str, bytes]
+    config_text: str
+
+
+@dataclass(frozen=True)
+class RunTags:
+    """The tags a reader of evaluation runs checks (dflash.compare: same target, same dtype), read back by name."""
+
+    target_identity: str | None = None
+    dtype: str | None = None
+
+    @classmethod
+    def of(cls, tags: dict[str, str]) -> "RunTags":
+        return cls(tags.get(TARGET_TAG), tags.get(DTYPE_TAG))
+
+
+def prompt_dataset(res: EvalResult, prompts_cfg: Any) -> Dataset:
+    """The selected prompts as a dataset input: a name, a digest of their content, where they came from."""
+    pc = prompts_cfg
+    rows = [[r.prompt.id, r.prompt.subset, [list(m) for m in r.prompt.messages]] for r in res.prompts]
+    digest = hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:12]
+    name = f"prompts:{pc.source}" + (f":{pc.path.rsplit('/', 1)[-1]}" if pc.path else "")
+    profile = {"prompts": len(rows), "subsets": dict(Counter(r[1] for r in rows)), "prompt_tokens": sum(len(r.prompt_ids) for r in res.prompts)}
+    source = {"source": pc.source, "path": pc.path, "num_prompts": pc.num_prompts, "subsets": pc.subsets, "ids": [r[0] for r in rows]}
+    return Dataset(name, digest, source, profile)
+
+
+def resolved_params(res: EvalResult) -> dict[str, Any]:
+    """What the config left to the checkpoint, the target or `auto`, as evaluated (params logged once resolved)."""
+    i = res.info
+    return {
+        "drafter.name": i.drafter_name,
+        "drafter.step": i.drafter_step,
+        "drafter.block_size": i.block_size,
+        "drafter.target_layer_ids": i.target_layer_ids,
+        "drafter.mask_token_id": i.mask_token_id,
+        "device.name": i.device,
+        "device.dtype": i.dtype,
+        "target.dtype": i.dtype,
+        "replay.anchors": i.replay_anchors,
+        **{f"drafter.config.{k}": v for k, v in i.drafter_config.items()},
+    }  # the drafter as built (dflash.models.drafter_config)
+
+
+def log_eval(run: "Run", res: EvalResult, rec: EvalRecord, dataset: Dataset) -> None:
+    """One evaluation's record on its run: name, tags, resolved params, metrics and curves, the prompts as a
+    dataset, the description, the config, per-prompt and per-position tables, the report's files."""
+    info = res.info
+    run.set_run_name(info.run_name)  # the step is known now
+    run.set_tags({
+        CHECKPOINT_PATH_TAG: info.checkpoint_path, CHECKPOINT_SHA_TAG: info.checkpoint_sha256, DRAFTER_STEP_TAG: info.drafter_step,
+        DEVICE_TAG: info.device, DTYPE_TAG: info.dtype, TARGET_TAG: info.target_identity, WARNINGS_TAG: " | ".join(res.warnings) or None,
+        LINEAR_KERNEL_TAG: info.linear_attention_kernel, REFERENCE_ENGINE_TAG: info.references.engine,
+    })
+    run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
+    curves = {f"{BY_POSITION}{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
+    run.log_metrics({**res.metrics, **{f"{TIME}{k}": v for k, v in res.timings.items()}}, curves=curves)
+    run.log_metrics({}, curves={BY_COMMIT: commit_share(res.total)})  # step = tokens committed by a verify step
+    if share := served_histogram(list(info.references.served.values())):
+        run.log_metrics({}, curves={SERVED_BY_COMMIT: share})  # the server's own histogram, same steps
+    run.log_dataset(dataset.name, dataset.digest, dataset.source, dataset.profile)
+    run.set_note(rec.note)
+    run.log_text(rec.config_text, CONFIG_FILE)
+    run.log_per_prompt([per_prompt_row(r).to_dict() for r in res.prompts])
+    run.log_table(position_table(res.total), PER_POSITION)
+    run.log_files(rec.files)
+    run.setup_eval_experiment(sorted({r.prompt.subset for r in res.prompts}))
+
+
+# --- a training run's parent: one point per evaluated step ---------------------------------------
+
+TRAIN = "train/"  # + the trainer's own metric name: logged on the parent at the trainer's steps
+ACCURACY_SLOT = "accuracy/slot_"  # + k: teacher-forced accuracy at draft slot k (k = 1..SLOTS)
+SLOTS = 3
+SERIES_WORDS = (TAU, "recall", "unary")  # a child's scalar whose name holds one of these is a curve of its parent
+
+
+def series_point(metrics: dict[str, float | None], curves: dict[str, list[float | None]]) -> dict[str, float | None]:
+    """A step's point on its training run's curves (MLflow step = training step): every τ-like scalar the child
+    logged (micro, macro, SE, per subset, expected τ; other drafters' extras such as a unary τ or a top-k
+    recall where present) and the teacher-forced accuracy at slots 1..SLOTS."""
+    out = {k: v for k, v in metrics.items() if any(w in k for w in SERIES_WORDS)}
+    acc = curves.get("accuracy") or []
+    out.update({f"{ACCURACY_SLOT}{k}": acc[k - 1] for k in range(1, SLOTS + 1) if k <= len(acc)})
+    return out
