@@ -35,6 +35,7 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
 
     from dflash import pipeline, record, tracking
     from dflash.report import console as report
+    from dflash.report.samples import samples_of
 
     if c.device.gpu_per_job and ctx.job_num is not None:
         c.device.name = pipeline.job_device(c.device.name, ctx.job_num)
@@ -49,7 +50,7 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
     with record.open_run(c, pipeline.run_name(c.drafter), tags, parent=parent) as run:
         res = pipeline.run(c)
         record.log_result(run, res, c, OmegaConf.to_yaml(cfg))
-    print(report.summary(res, run.where()))
+    print(report.summary(res, run.where(), samples=samples_of(res, min(c.num_samples, 1))))
     return res.metrics["acceptance_length"]
 
 

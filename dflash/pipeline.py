@@ -22,10 +22,9 @@ from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
 from dflash.models.drafter_config import effective_config
 from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
-from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
-from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
+from dflash.stages.prompts import Prompt, load_prompts, render
 from dflash.stages.references import ReferenceOptions, ReferenceStats, check_references, get_references
 from dflash.stages.replay import ReplayOptions, prepare, replay_group
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
@@ -309,7 +308,5 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
         prompt_format=prompt_format(cfg.target.template),
     )
     window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))
-    shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
-    samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
     warnings = drafter.warnings + ref_stats.warnings + prep.plan.warnings + window + unmeasured
-    return EvalResult(metrics, curves, results, total, samples, timings, info, warnings)
+    return EvalResult(metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer)

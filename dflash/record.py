@@ -32,5 +32,6 @@ def log_result(run: Any, res: EvalResult, cfg: EvalConfig, config_text: str) -> 
     if run.run_id is None:
         return  # tracking disabled
     ds = tracking.prompt_dataset(res, cfg.prompts)
-    files = {**plots.run_plots(res.total, res.info.run_name), **samples.artifacts(res.samples, res.info.run_name)}
+    shown = samples.samples_of(res, cfg.num_samples)  # built here, by the report step
+    files = {**plots.run_plots(res.total, res.info.run_name), **samples.artifacts(shown, res.info.run_name)}
     tracking.log_eval(run, res, tracking.EvalRecord(console.markdown(res, ds.name, cfg.target.name), files, config_text), ds)

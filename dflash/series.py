@@ -34,6 +34,7 @@ from dflash.config.schema import EvalConfig, StepSelection, experiment_name
 from dflash.models.checkpoint_files import checkpoint_file
 from dflash.models.weights import sha256_file
 from dflash.report import console
+from dflash.report.samples import samples_of
 from dflash.report.training_run import stall_text, training_run_markdown
 from dflash.stages import trainlog
 from dflash.stages.result import EvalResult
@@ -136,7 +137,7 @@ class Series:
                 self.prep = pipeline.prepare_run(self.plan, timings)
             res = pipeline.evaluate_drafter(self.prep, src, timings)
             record.log_result(run, res, cfg, self.config_text)
-        print(console.summary(res, run.where()))
+        print(console.summary(res, run.where(), samples=samples_of(res, min(cfg.num_samples, 1))))
         if self.parent is not None:
             from dflash import tracking
 

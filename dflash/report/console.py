@@ -10,6 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    from dflash.report.samples import Sample
     from dflash.report.sweep import SweepRow
     from dflash.stages.result import EvalResult
 
@@ -18,7 +19,8 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> str:
+def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samples: Sequence[Sample] = ()) -> str:
+    """What a run prints; `samples` (dflash.report.samples.samples_of): the first one's first blocks."""
     m, info = res.metrics, res.info
     g = m.get
     lines = [
@@ -67,7 +69,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
                                             f"references engine: {ref.engine}" if ref.engine else None])))
     lines.append(f"prompts: {info.prompt_format}; replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
-    for s in res.samples[:1]:  # dflash.report.samples.Sample records
+    for s in samples[:1]:
         lines.append(f"-- sample {s.id} ({s.subset}): first blocks, [accepted] rest")
         for b in s.blocks[:max_blocks]:
             a, anchor = b.accepted, s.reference_pieces[b.anchor_pos - s.prompt_tokens]

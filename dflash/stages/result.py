@@ -2,7 +2,7 @@
 
 `PromptResult` (one prompt: its rendered ids, reference, counters, the replay's verify steps),
 `RunInfo` (what was evaluated, as resolved), `EvalResult` (metrics, curves, per-prompt results, summed
-counters, samples, timings); `per_prompt_row` flattens a prompt's counters into the typed row
+counters, timings, the target's tokenizer for the report's samples); `per_prompt_row` flattens a prompt's counters into the typed row
 (`dflash.stages.metrics.PromptRow`, with digests of its prompt and reference ids) that `per_prompt.json`
 holds and dflash.report.compare pairs.
 """
@@ -60,10 +60,10 @@ class EvalResult:
     curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
     prompts: list[PromptResult]
     total: Counters  # summed over prompts
-    samples: list[Any]  # dflash.report.samples.Sample records of `num_samples` prompts, one per subset in turn (built by the pipeline)
     timings: dict[str, float]
     info: RunInfo
     warnings: list[str] = field(default_factory=list)
+    tokenizer: Any = None  # the target's: what the report decodes samples with (dflash.report.samples.samples_of)
     run_id: str | None = None  # the MLflow run it was logged to (dflash.evaluate(log=True))
 
 
