@@ -206,6 +206,7 @@ class Series:
         self.out.stall = trainlog.stall([r[0] for r in rows], acc, self.cfg.train_metrics.min_rise) if acc else None
         if self.parent is not None:
             self.parent.set_note(training_run_markdown(str(self.run_dir), rows, acc, self.out.stall, status))
+            tracking.setup_training_view(self.cfg.tracking.uri, self.parent.experiment_id, acc)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -267,6 +268,10 @@ def evaluate_training_run(cfg: EvalConfig, config_text: str, tags: dict[str, Any
     if out.stall is not None:
         lines.append(f"WARNING: {stall_text(out.stall)}")
     if out.parent_id:
-        lines.append(f"MLflow: training run parent {out.parent_id} at {cfg.tracking.uri}")
+        from dflash import tracking
+
+        exp = tracking.mlflow_client(cfg.tracking.uri).get_run(out.parent_id).info.experiment_id
+        lines.append(f"MLflow: training run parent {out.parent_id} at {cfg.tracking.uri}\n  see it: mlflow ui --backend-store-uri "
+                     f"{cfg.tracking.uri}   then {tracking.training_view_url(exp)}")
     print("\n".join(lines))
     return out

@@ -75,6 +75,7 @@ from dflash.tracking.record import (
     log_eval,
     prompt_dataset,
     series_point,
+    train_tags,
 )
 from dflash.tracking.run import NoRun, Run, flatten, log_files
 from dflash.tracking.store import (
@@ -98,13 +99,15 @@ from dflash.tracking.store import (
     start_ticks,
     store_lock,
 )
-from dflash.tracking.view import eval_view, setup_eval_experiment, view_url
+from dflash.tracking.view import TRAINING_VIEW_KEY, eval_view, setup_eval_experiment, setup_training_view, training_view_url, view_url
 
 __all__ = [
     "ACCURACY_SLOT", "BEST_CHILD_TAG", "CHECKPOINT_SHA_TAG", "DRAFTER_STEP_TAG", "ERROR_TAG", "FAILED_JOBS_TAG", "GROUP_TAG", "HOST_TAG",
     "JOBS_TAG", "JOB_TAG", "KILLED_TAG", "OVERRIDES_TAG", "PER_PROMPT", "PID_START_TAG", "PID_TAG", "ROLE_TAG", "RUN_DIR_TAG", "SERIES_TAG",
-    "SWEEP", "SWEEP_TAG", "TAU", "TRAIN", "TRAINING_RUN", "ChildRun", "Dataset", "EvalRecord", "NoRun", "ParentRun", "Run", "RunTags",
+    "SWEEP", "SWEEP_TAG", "TAU", "TRAIN", "TRAINING_RUN", "TRAINING_VIEW_KEY", "setup_training_view", "training_view_url",
+    "ChildRun", "Dataset", "EvalRecord", "NoRun", "ParentRun", "Run", "RunTags",
     "SweepFamily", "TrainingRunFamily", "children", "ensure_experiment", "eval_view", "evaluated_steps", "find_runs", "finish_parent",
     "flatten", "load_per_prompt", "log_eval", "log_files", "main", "metric_history", "mlflow_client", "open_parent", "open_store",
-    "prompt_dataset", "reap", "run_tags", "series_point", "setup_eval_experiment", "start_ticks", "store_lock", "sweep_parents", "view_url",
+    "prompt_dataset", "reap", "train_tags", "run_tags", "series_point", "setup_eval_experiment", "start_ticks", "store_lock",
+    "sweep_parents", "view_url",
 ]

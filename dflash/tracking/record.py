@@ -36,6 +36,18 @@ GROUP_TAG = "group."  # + a Hydra group: its choice
 ERROR_TAG = "error"  # why a run ended FAILED
 KILLED_TAG = "dflash.killed"  # why a run ended KILLED
 
+# tags of a training run's own MLflow run (dflash.train)
+KIND_TAG = "dflash.kind"  # "train"
+VARIANT_TAG = "dflash.variant"
+BUG_TAG = "dflash.bug."  # + a bug's name: whether the variant has it
+IMPORTED_FROM_TAG = "dflash.imported_from"  # a metrics.jsonl logged after the fact
+
+
+def train_tags(variant: str, bugs: dict[str, bool], imported_from: str | None = None) -> dict[str, str | None]:
+    """The tags of a dflash.train run (one per variant)."""
+    return {KIND_TAG: "train", VARIANT_TAG: variant, IMPORTED_FROM_TAG: imported_from, **{f"{BUG_TAG}{k}": str(v) for k, v in bugs.items()}}
+
+
 # artifacts
 CONFIG_FILE = "config.yaml"
 PER_POSITION = "per_position.json"

@@ -86,3 +86,48 @@ def setup_eval_experiment(uri: str, experiment_id: str, subsets: Sequence[str]) 
         client.set_experiment_tag(experiment_id, key, json.dumps(envelope))
 
 
+
+
+TRAINING_VIEW_KEY = "dflash-training"  # a training run's parent: mlflow.sharedViewState.dflash-training
+
+
+def training_view(train_accuracy: str | None) -> dict[str, Any]:
+    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train/<name>`) against the
+    training step, on one chart; then expected τ with the teacher-forced accuracy at slots 1-3; the rest collapsed."""
+    def line(i: int, keys: list[str]) -> dict[str, Any]:
+        return {"uuid": f"dflash-training-{i}", "type": "LINE", "runsCountToCompare": 10, "metricSectionId": "dflash-training", "deleted": False,
+                "isGenerated": False, "metricKey": keys[0], "selectedMetricKeys": keys, "xAxisKey": "step", "useGlobalXaxisKey": False,
+                "lineSmoothness": 0, "useGlobalLineSmoothing": False, "scaleType": "linear", "xAxisScaleType": "linear", "displayPoints": True,
+                "selectedXAxisMetricKey": "", "range": {}}
+
+    first = ["acceptance_length", *([f"train/{train_accuracy}"] if train_accuracy else [])]
+    charts = [line(0, first), line(1, ["expected_acceptance_length", "accuracy/slot_1", "accuracy/slot_2", "accuracy/slot_3"])]
+    sections = [("dflash-training", "τ and the trainer's accuracy by training step", True)] + \
+        [(f"dflash-t{i}", name, False) for i, name in enumerate(["acceptance_length", "accuracy", "train", *COLLAPSED])]
+    return {
+        "selectedColumns": ["attributes.`Dataset`", "metrics.`acceptance_length`", "metrics.`acceptance_length_se`",
+                            "metrics.`expected_acceptance_length`"],
+        "compareRunCharts": charts,
+        "compareRunSections": [{"uuid": u, "name": n, "display": d, "isReordered": False, "deleted": False, "isGenerated": False}
+                               for u, n, d in sections],
+        "isAccordionReordered": True, "hideEmptyCharts": True, "runsExpanded": {}, "runsPinned": [], "runsHidden": [], "groupBy": None,
+        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+    }
+
+
+def setup_training_view(uri: str, experiment_id: str, train_accuracy: str | None) -> None:
+    """The saved view "dflash: τ by training step" on the experiment (its first chart: τ and `train/<train_accuracy>`)."""
+    key = f"mlflow.sharedViewState.{TRAINING_VIEW_KEY}"
+    client = mlflow_client(uri)
+    state = json.dumps(training_view(train_accuracy))
+    with store_lock(uri):
+        old = client.get_experiment(experiment_id).tags.get(key)
+        if old and json.loads(old).get("state") == state:
+            return
+        envelope = {"name": "dflash: τ by training step", "createdAt": int(time.time() * 1000), "state": state}
+        client.set_experiment_tag(experiment_id, key, json.dumps(envelope))
+
+
+def training_view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's chart view through the training-run view: τ and training accuracy by step on one chart."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={TRAINING_VIEW_KEY}&compareRunsMode=CHART"
