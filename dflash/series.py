@@ -179,12 +179,10 @@ class Series:
         if names:  # what an earlier invocation logged
             for name, pts in tracking.metric_history(self.cfg.tracking.uri, self.parent.run_id, names).items():
                 self.train_logged[name[len(tracking.TRAIN):]] = {s for s, _ in pts}
+        new = {f"{tracking.TRAIN}{k}": [(s, v) for s, v in pts if s not in self.train_logged.get(k, set())] for k, pts in chosen.items()}
+        self.parent.log_points(new)
         for k, pts in chosen.items():
-            have = self.train_logged.setdefault(k, set())
-            for s, v in pts:
-                if s not in have:
-                    self.parent.log_metrics({f"{tracking.TRAIN}{k}": v}, step=s)
-                    have.add(s)
+            self.train_logged.setdefault(k, set()).update(s for s, _ in pts)
         return chosen
 
     def update_parent(self, status: str) -> None:
@@ -193,16 +191,14 @@ class Series:
 
         train = self.log_train_metrics()
         acc = trainlog.accuracy_name(list(train), self.cfg.train_metrics.accuracy_key)
-        kids = [k for k in tracking.children(self.cfg.tracking.uri, self.parent.run_id, rows=False) if k.status == "FINISHED"] if self.parent \
-            else []
-        rows = [(trainlog.Point(k.step, k.metrics.get("acceptance_length"), k.metrics.get("acceptance_length_se"),
-                                trainlog.at_or_before(train[acc], k.step) if acc else None),
-                 k.metrics.get("acceptance_length_macro"), k.metrics.get("expected_acceptance_length")) for k in kids if k.step is not None]
-        if not self.parent:
-            rows = [(trainlog.Point(int(r.info.drafter_step or 0), r.metrics.get("acceptance_length"), r.metrics.get("acceptance_length_se"),
-                                    trainlog.at_or_before(train[acc], int(r.info.drafter_step or 0)) if acc else None),
-                     r.metrics.get("acceptance_length_macro"), r.metrics.get("expected_acceptance_length")) for r in self.out.results]
-        rows.sort(key=lambda r: r[0].step)
+        if self.parent is not None:  # every finished step, this invocation's and earlier ones'
+            steps = [(k.step, k.metrics) for k in tracking.children(self.cfg.tracking.uri, self.parent.run_id, rows=False)
+                     if k.status == "FINISHED" and k.step is not None]
+        else:
+            steps = [(int(r.info.drafter_step or 0), r.metrics) for r in self.out.results]
+        rows = sorted(((trainlog.Point(s, m.get("acceptance_length"), m.get("acceptance_length_se"),
+                                       trainlog.at_or_before(train[acc], s) if acc else None),
+                        m.get("acceptance_length_macro"), m.get("expected_acceptance_length")) for s, m in steps), key=lambda r: r[0].step)
         self.out.stall = trainlog.stall([r[0] for r in rows], acc, self.cfg.train_metrics.min_rise) if acc else None
         if self.parent is not None:
             self.parent.set_note(training_run_markdown(str(self.run_dir), rows, acc, self.out.stall, status))

@@ -148,6 +148,15 @@ class Run:
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
 
+    def log_points(self, points: dict[str, list[tuple[int, float]]]) -> None:
+        """Metrics at steps of their own ({name: [(step, value)]}: a trainer's metrics on a training run's parent), batched."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, int(s)) for k, pts in points.items() for s, v in pts if _finite(v)]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
+
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
