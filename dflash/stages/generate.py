@@ -10,7 +10,7 @@ position-keyed sampler of dflash.models.sampling, so the output does not depend 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -20,22 +20,20 @@ from dflash.models.generator import choose_compile, decode_steps, length_batches
 from dflash.models.sampling import Sampling, pick, row_keys
 from dflash.util.progress import Progress, log
 
-if TYPE_CHECKING:
-    from dflash.stages.references import ReferenceStats
-
 COMPILE_MIN_STEPS = ReferencesConfig.compile_min_steps  # references.compile=auto's threshold (the measured break-even: README, Performance)
 
 
 @torch.no_grad()
 def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
                     on_done: Callable[[int, list[int]], None] | None = None, compile: bool | str = False,
-                    compile_min_steps: int = COMPILE_MIN_STEPS, stats: ReferenceStats | None = None,
+                    compile_min_steps: int = COMPILE_MIN_STEPS, on_engine: Callable[[str, float | None], None] | None = None,
                     sampling: Sampling = Sampling()) -> list[list[int]]:
     """Greedy completions (or sampled: `sampling`, position-keyed, so independent of the batch;
     EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
     engine (generator.Generator, CUDA graphs; `compile`: inductor first, true / false / auto as
-    generator.choose_compile rules) as each batch ends. `stats` gets the engine's label and set-up seconds."""
+    generator.choose_compile rules) as each batch ends. `on_engine(label, setup seconds or None: no engine
+    built)` hears how it runs, once, before the first token."""
     out: list[list[int]] = [[] for _ in prompts]
     if not prompts:
         return out
@@ -47,8 +45,8 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
     setup = time.perf_counter() - t0
     label = (f"static cache{', CUDA graphs' if engine.eng.graphs else ''}, {'compiled' if comp else 'not compiled'} ({why})" if engine
              else "dynamic cache")
-    if stats is not None:
-        stats.engine, stats.setup_s = label, (setup if engine else None)
+    if on_engine is not None:
+        on_engine(label, setup if engine else None)
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s%s", len(prompts), b, max_new_tokens, label,
              f"; engine set-up {setup:.1f} s" if engine else "")
     with Progress("generate", total=len(prompts), unit="prompt") as bar:

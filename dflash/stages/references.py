@@ -219,8 +219,11 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
+            def engine(label: str, setup_s: float | None) -> None:
+                stats.engine, stats.setup_s = label, setup_s
+
             greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, compile_min_steps=o.compile_min_steps,
-                            stats=stats, sampling=o.sampling)
+                            on_engine=engine, sampling=o.sampling)
         else:
             assert plan.server is not None
             server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling)
