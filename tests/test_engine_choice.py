@@ -52,7 +52,7 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
     class FakeEngine:
         eng = types.SimpleNamespace(graphs=True, batch=2)
 
-        def __call__(self, prompts):
+        def __call__(self, prompts, on_tokens=None):
             return [[2] for _ in prompts]
 
     def fake(t, b, p, n, compile, *rest):
