@@ -57,6 +57,7 @@ def resolved_params(res) -> dict[str, Any]:
 
 
 def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
+    from dflash import tracking
     from dflash.report import console as report
     from dflash.report import plots, samples
     from dflash.stages.metrics import commit_share, position_table
@@ -73,7 +74,8 @@ def log_result(run, res, c: EvalConfig, composed: DictConfig) -> None:
     })
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
     curves = {f"by_position/{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
-    run.log_metrics({**res.metrics, **{f"time/{k}": v for k, v in res.timings.items()}}, curves=curves)
+    run.log_metrics({**res.metrics, **tracking.prompt_lookup_metrics(res.prompt_lookup), **{f"time/{k}": v for k, v in res.timings.items()}},
+                    curves=curves)
     run.log_metrics({}, curves={"by_commit/share": commit_share(res.total)})  # step = tokens committed by a verify step
     if share := served_histogram(list(info.references.served.values())):
         run.log_metrics({}, curves={"served/by_commit/share": share})  # the server's own histogram, same steps

@@ -194,7 +194,7 @@ def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: O
     for parent in parents:
         kids = parent.children
         values = swept_values([k.overrides for k in kids])
-        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, k.tags) for k, v in zip(kids, values)]
+        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, k.tags, k.prompt_lookup_tau) for k, v in zip(kids, values)]
         table = sweep.sweep_table(children) if children else []
         bad_jobs = sorted({int(r["job"]) for r in failed} | {k.job for k in kids if k.status != "FINISHED"})
         final = status or ("FAILED" if bad_jobs else "FINISHED")

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, TemplateConfig
+from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig, TemplateConfig
 from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
 from dflash.models.drafter_config import DrafterConfig, effective_config
@@ -25,6 +25,7 @@ from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
+from dflash.stages.prompt_lookup import PromptLookup, lookup_replay, yardstick
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
 from dflash.stages.references import ReferenceOptions, check_references, drop_references, get_references
 from dflash.stages.replay import ReplayOptions, prepare, replay_group
@@ -227,6 +228,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
     unmeasured = check_measured(results, rc.source, lambda ps: drop_references(ref_stats, ps))
+    lookup = prompt_lookup(cfg.prompt_lookup, results, timings) if cfg.prompt_lookup.enabled else None
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
@@ -253,7 +255,18 @@ def run(cfg: EvalConfig) -> EvalResult:
     window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))
     shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
     samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + window + unmeasured)
+    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + window + unmeasured,
+                      lookup)
+
+
+def prompt_lookup(pl: PromptLookupConfig, results: list[PromptResult], timings: dict[str, float]) -> PromptLookup:
+    """The yardstick: prompt lookup replayed on every prompt's reference at the drafter's block size."""
+    with timed(timings, "prompt_lookup"):
+        B = results[0].counters.block_size
+        lookup = [lookup_replay(r.prompt_ids, r.reference, B, pl.min, pl.max) for r in results]
+        y = yardstick([r.counters for r in results], lookup, pl.min, pl.max)
+    log.info("prompt lookup (n-gram, n %d..%d, %d drafted): τ %s", pl.min, pl.max, B - 1, "-" if y.tau is None else f"{y.tau:.3f}")
+    return y
 
 
 def prompt_format(t: TemplateConfig) -> str:

@@ -95,9 +95,9 @@ def run_plots(c: Counters, title: str = "") -> dict[str, bytes]:
 
 
 def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequence[float | None],
-               x: Sequence[float] | None = None, xlabel: str = "run", title: str = "") -> Figure:
+               x: Sequence[float] | None = None, xlabel: str = "run", title: str = "", yardstick: float | None = None) -> Figure:
     """τ ± SE per run; at `x` (the swept value) when given, else one slot per label. An undefined τ is
-    a gap (the line breaks there), an undefined SE no bar."""
+    a gap (the line breaks there), an undefined SE no bar. `yardstick`: prompt lookup's τ, one line for all runs."""
     fig = Figure(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
     ax = fig.add_subplot()
     xs = list(x) if x is not None else list(range(len(labels)))
@@ -109,6 +109,8 @@ def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequenc
             if t is not None:
                 ax.annotate(labels[i], (xs[i], t), textcoords="offset points", xytext=(4, 6), fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="1 = plain decoding")
+    if yardstick is not None:
+        ax.axhline(yardstick, color="tab:red", lw=0.8, ls="--", label="prompt lookup (n-gram yardstick)")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("τ: tokens per verify step (bonus included)")
     ax.grid(alpha=0.3)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash.stages.metrics import Counters, PromptRow, ids_digest, scored
+from dflash.stages.prompt_lookup import PromptLookup
 from dflash.stages.prompts import Prompt
 from dflash.stages.references import ReferenceStats
 from dflash.stages.replay import Block
@@ -64,6 +65,7 @@ class EvalResult:
     timings: dict[str, float]
     info: RunInfo
     warnings: list[str] = field(default_factory=list)
+    prompt_lookup: PromptLookup | None = None  # the n-gram yardstick on the same references (None: prompt_lookup.enabled=false)
 
 
 def per_prompt_row(r: PromptResult) -> PromptRow:

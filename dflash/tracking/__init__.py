@@ -55,12 +55,14 @@ from dflash.tracking.store import (
 )
 from dflash.tracking.sweep import ChildRun, ParentRun, finish_parent, open_sweep, sweep_parents
 from dflash.tracking.view import eval_view, setup_eval_experiment, view_url
+from dflash.tracking.yardstick import PROMPT_LOOKUP_TAU, prompt_lookup_metrics
 
 __all__ = [
     "HOST_TAG",
     "PER_PROMPT",
     "PID_START_TAG",
     "PID_TAG",
+    "PROMPT_LOOKUP_TAU",
     "ROLE_TAG",
     "SWEEP_TAG",
     "NoRun",
@@ -79,6 +81,7 @@ __all__ = [
     "main",
     "open_store",
     "open_sweep",
+    "prompt_lookup_metrics",
     "reap",
     "run_tags",
     "setup_eval_experiment",

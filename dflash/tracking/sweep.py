@@ -22,6 +22,7 @@ from dflash.tracking.store import (
     store_lock,
     sweep_parent,
 )
+from dflash.tracking.yardstick import PROMPT_LOOKUP_TAU
 from dflash.util.errors import TrackingError
 
 
@@ -45,6 +46,7 @@ class ChildRun:
     params: dict[str, str]
     rows: list[dict[str, Any]] | None  # per_prompt.json; None: it logged none (failed)
     tags: dict[str, str] = field(default_factory=dict)  # the child run's tags (target_identity, dtype, ...)
+    prompt_lookup_tau: float | None = None  # the yardstick's τ it logged (dflash.tracking.yardstick); None: none
 
 
 @dataclass
@@ -64,7 +66,8 @@ def sweep_parents(uri: str, sweep_id: str) -> list[ParentRun]:
         kids = client.search_runs([parent.info.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", max_results=5000)
         kids.sort(key=lambda k: int(k.data.tags.get("dflash.job", "0")))
         children = [ChildRun(k.info.run_name, k.info.run_id, int(k.data.tags.get("dflash.job", -1)), k.info.status,
-                             json.loads(k.data.tags.get("overrides", "[]")), dict(k.data.params), _rows_or_none(uri, k), dict(k.data.tags))
+                             json.loads(k.data.tags.get("overrides", "[]")), dict(k.data.params), _rows_or_none(uri, k), dict(k.data.tags),
+                             k.data.metrics.get(PROMPT_LOOKUP_TAU))
                     for k in kids]
         out.append(ParentRun(parent.info.run_name, parent.info.run_id, children))
     return out
