@@ -11,7 +11,10 @@ A new log opens with one header line, `# <command> | <machine> | <date>` (e.g.
 are notes. Its key lines are a `== summary` section (up to the next `== ` line) or, in a log without one,
 each result line followed by lines indented by two spaces (progress lines, warnings and tracebacks are
 left out). Older logs without that header are taken as they are: date and machine from the file name
-(`<what>_<machine>_<YYYY-MM-DD>[_more].log`), their free-text `#` lines shown as notes.
+(`<what>_<machine>_<YYYY-MM-DD>[_more].log`), their free-text `#` lines shown as notes. A log with no
+such lines is quoted by its last lines. A table or prose that exists only by hand goes in a dated
+`<topic>_<YYYY-MM-DD>.md` beside the logs, included verbatim under "Hand-written records"; any other file
+is listed, not quoted. tests/test_results_page.py fails while docs/results.md lags behind scripts/results/.
 """
 
 from __future__ import annotations
