@@ -1,6 +1,6 @@
 # make evaluate [ARGS="drafter.step=20000 ..."]   set up .venv if needed, run the default evaluation
 # make test [PYTEST_ARGS=...]                      set up .venv if needed, lint (ruff, import contracts), run the test suite
-# make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined)
+# make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined, no import circle)
 # make setup                                       only the set-up
 # make results                                     rebuild docs/results.md from the raw logs in scripts/results/
 PYTHON ?= python3

@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -26,7 +26,7 @@ from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
 from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
-from dflash.stages.references import ReferenceOptions, check_references, get_references
+from dflash.stages.references import ReferenceOptions, check_references, drop_references, get_references
 from dflash.stages.replay import ReplayOptions, prepare, replay_group
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
 from dflash.stages.served import served_metrics
@@ -178,9 +178,10 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     return out
 
 
-def check_measured(results: list[PromptResult], source: str) -> list[str]:
+def check_measured(results: list[PromptResult], source: str, drop: Callable[[list[list[int]]], int] | None = None) -> list[str]:
     """Prompts whose replay made no verify step measured nothing: all of them is an error (exit 2, the
-    run ends FAILED), some a warning naming them. -> the warnings."""
+    run ends FAILED) and `drop(prompt ids)` removes those refused references from the cache (-> how many
+    were there), so the next run asks again; some is a warning naming them. -> the warnings."""
     empty = [r for r in results if r.counters.steps == 0]
     if not empty:
         return []
@@ -188,7 +189,9 @@ def check_measured(results: list[PromptResult], source: str) -> list[str]:
     what = (f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the first new token "
             "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)")
     if len(empty) == len(results):
-        raise ReferenceError(f"nothing was measured: {what}. Check the references (references={source}: does the server stop at once, "
+        dropped = drop([r.prompt_ids for r in results]) if drop is not None else 0
+        gone = f"; their {dropped} cached references were removed, so the next run asks again" if dropped else ""
+        raise ReferenceError(f"nothing was measured: {what}{gone}. Check the references (references={source}: does the server stop at once, "
                              "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens")
     log.warning("%s; they count in no ratio", what)
     return [f"{what}; they count in no ratio"]
@@ -223,7 +226,7 @@ def run(cfg: EvalConfig) -> EvalResult:
     if ref_stats.setup_s is not None:
         timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
     results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
-    unmeasured = check_measured(results, rc.source)
+    unmeasured = check_measured(results, rc.source, lambda ps: drop_references(ref_stats, ps))
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 from conftest import MASK_ID
+from shortcuts import load_drafter
 
-from dflash.models.checkpoint import CheckpointError, check_against_target, load_drafter
+from dflash.models.checkpoint import CheckpointError, check_against_target
 from dflash.models.checkpoint_files import save_hf_folder, save_training_checkpoint
 from dflash.models.drafter import DFlashDrafter, DrafterConfig
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dflash.report.compare import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
+from dflash.report.pairs import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
 from dflash.report.sweep import Child, best, position_curve, sweep_artifacts, sweep_table, swept_values
 from dflash.stages.metrics import PromptRow, paired_ratio_diff, ratio_se
 

@@ -338,7 +338,7 @@ def test_from_hf_without_dflash_config():
 def test_replay_scores_are_the_drafters_own_distribution(qwen3_target, make_drafter):
     """draft_every_anchor's proposal, NLL of the reference token and top-1 probability at every
     anchor equal a single-anchor forward's argmax, -log_softmax[ref] and max softmax."""
-    from dflash.stages.replay import draft_every_anchor
+    from shortcuts import draft_every_anchor
 
     drafter = make_drafter(qwen3_target, num_layers=1, block_size=B, seed=3, std=0.1)
     T, P = 14, 5

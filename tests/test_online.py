@@ -18,14 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import MASK_ID, loop_counters
+from shortcuts import evaluate_sequence, load_drafter
 
-from dflash.models.checkpoint import init_config, load_drafter
+from dflash.models.checkpoint import init_config
 from dflash.models.decode import Engine
 from dflash.models.forward import tapped_forward
 from dflash.models.target import Target, load_target
 from dflash.online.speculative import OnlineDecoder, speculative_generate
 from dflash.stages.prompts import load_prompts, render
-from dflash.stages.replay import evaluate_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 9, 11, 4, 7, 3, 12]

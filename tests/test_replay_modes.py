@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import loop_counters
+from shortcuts import draft_every_anchor
 
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.forward import tapped_forward
 from dflash.stages.replay import (
     ReplayOptions,
-    draft_every_anchor,
     lazy_greedy,
     prepare,
     replay_group,

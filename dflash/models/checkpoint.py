@@ -10,7 +10,6 @@ Loading runs in three phases, so a drafter that cannot work fails before the tar
    target's tokenizer, `drafter=init`'s shapes, `check_against_target`.
 3. `build_drafter`: the module with its weights, built on the meta device (no random init for weights
    a file gives) and assigned in the target's dtype beside the target's last layers.
-`load_drafter` runs all three.
 
 Kinds: `training` (a `step_<N>/` of a training run: a torch pickle, or the HF format), `hf` (a
 public HF-format folder), `init` (deterministic random weights with the target's shapes: smoke
@@ -262,19 +261,3 @@ def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any
         sd = {k: src.state_dict[k].to(device=device, dtype=dtype) for k in model.state_dict()}
         model.load_state_dict(sd, strict=True, assign=True)
     return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings)
-
-
-def load_drafter(
-    target: Any,
-    kind: str,
-    name: str,
-    run_dir: str | None = None,
-    step: int | None = None,
-    path: str | None = None,
-    overrides: dict[str, Any] | None = None,
-    init: dict[str, Any] | None = None,
-    sliding_window: str = "apply",
-) -> LoadedDrafter:
-    """All three phases at once."""
-    src = read_drafter(kind, name, run_dir=run_dir, step=step, path=path, overrides=overrides, init=init)
-    return build_drafter(fit_drafter(src, target), sliding_window)

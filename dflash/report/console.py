@@ -113,7 +113,7 @@ def sweep_markdown(name: str, table: Sequence[SweepRow], failed: Sequence[str], 
     """A sweep parent's description: one row per child (dflash.report.sweep.sweep_table), the failed jobs.
     Columns: run, the swept values, the data set (prompts.source) unless `prompts` is swept, τ ± SE,
     z-lab's published τ, Δτ ± paired SE against the first child that finished ("not paired", and why below the
-    table, where dflash.report.compare.align refused the pair)."""
+    table, where dflash.report.pairs.align refused the pair)."""
     swept = list(table[0].values) if table else []
     if "prompts" not in swept and any(r.dataset for r in table):
         swept.append("dataset")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash.report.compare import CompareError, RunIdentity, align, compare, rows_of, table_csv
+from dflash.report.pairs import CompareError, RunIdentity, align, compare, rows_of, table_csv
 from dflash.stages.benchmarks import BENCHMARKS
 from dflash.stages.metrics import PromptRow, Rate, acceptance_length, position_curves, ratio_se, row_counters
 

@@ -4,7 +4,7 @@
 `RunInfo` (what was evaluated, as resolved), `EvalResult` (metrics, curves, per-prompt results, summed
 counters, samples, timings); `per_prompt_row` flattens a prompt's counters into the typed row
 (`dflash.stages.metrics.PromptRow`, with digests of its prompt and reference ids) that `per_prompt.json`
-holds and dflash.report.compare pairs.
+holds and dflash.report.pairs pairs.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class EvalResult:
 
 
 def per_prompt_row(r: PromptResult) -> PromptRow:
-    """The per-prompt counters as one row (per_prompt.json holds its `to_dict`; what dflash.report.compare pairs)."""
+    """The per-prompt counters as one row (per_prompt.json holds its `to_dict`; what dflash.report.pairs pairs)."""
     c = r.counters
     return PromptRow(id=r.prompt.id, subset=r.prompt.subset, prompt_tokens=len(r.prompt_ids), new_tokens=c.new_tokens, steps=c.steps,
                      committed=c.committed, accepted_at_pos=c.accepted_at_pos, tf_correct=c.tf_correct, tf_total=c.tf_total,
