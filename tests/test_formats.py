@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import MASK_ID
 from test_fidelity import LAYERS, TAPS, B, H, weights, write_drafter
+from test_refusals import _evaluate, broken_target  # noqa: F401 (a fixture)
 
 from dflash.models.checkpoint import load_drafter, read_drafter
 from dflash.models.drafter import visibility_mask
@@ -241,3 +242,15 @@ def test_non_causal_sliding_speculators_and_mask_embedding_file(tmp_path):
     torch.save(torch.zeros(H), path / "mask_embedding.pt")
     with pytest.raises(CheckpointError, match="mask_embedding.pt"):
         read_drafter("hf", "x", path=str(path))
+
+
+@pytest.mark.slow
+def test_refused_format_fields_exit_2_without_a_traceback(tmp_path, broken_target):
+    """End to end: evaluate.py exits 2 naming the key, before the target's (broken) weights are read."""
+    cfg = hf_config(tmp_path)
+    cfg["dflash_config"]["use_aux_hidden_state"] = False
+    vllm = folder(tmp_path / "vllm", cfg, weights())
+    spec = folder(tmp_path / "spec", speculators_config(tmp_path, projector_type="domino"), weights())
+    for drafter, words in ((vllm, "dflash_config.use_aux_hidden_state=False"), (spec, "projector_type='domino'")):
+        r = _evaluate(tmp_path, broken_target, drafter)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

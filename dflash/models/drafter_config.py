@@ -20,12 +20,14 @@ and takes every architectural value from that object. DFlash's fields follow SGL
 Refusals (a `CheckpointError` naming the key and what to do; the run stops before the target
 loads). Every top-level and `dflash_config` key falls in exactly one class:
 
-- UNDERSTOOD: read, type-checked and implemented (the tables below).
+- UNDERSTOOD: read, type-checked and implemented (the tables below; vLLM's `dflash_config.causal`,
+  `target_hidden_size`, `draft_vocab_size`, `logit_scale`: dflash/models/formats.py, which also
+  translates vLLM's other keys and the speculators format into these before this parser runs).
 - HARMLESS: known to change nothing the drafter computes (what `Qwen3Config.save_pretrained`
   writes besides the architecture, and Hugging Face metadata): kept in `extra`, written back.
 - EXTENSIONS: keys some implementation reads that this one does not implement (z-lab's DFlash2
   convolutions and candidate selector, SGLang's projector, logit multipliers and soft-capping,
-  attention sinks, value scaling, the drafter's own embedding, quantization, z-lab's `is_causal`
+  attention sinks, value scaling, SGLang's `has_embed_tokens`, quantization, z-lab's `is_causal`
   and `input_embedding_scale`, `mlp_bias`, interleaved rotary): accepted only at the value that
   means "off" (listed per key), refused otherwise.
 - Anything else is unknown: accepted when its value is null, false or empty (it cannot switch
@@ -298,11 +300,8 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
             "layer_types has sliding_attention layers but the config gives no window (transformers keeps sliding_window only "
             "with use_sliding_window: true; SGLang refuses such a config): set use_sliding_window: true and sliding_window"
         )
-    if dflash.get("causal") is False and "sliding_attention" in layer_types:
-        raise CheckpointError(
-            "dflash_config.causal=false with sliding_attention layers: a sliding window without causality is what each of "
-            "vLLM's attention backends defines differently; not implemented. Use a drafter whose sliding layers are causal"
-        )
+    if dflash.get("causal") is False and "sliding_attention" in layer_types:  # formats.py says why
+        raise CheckpointError("dflash_config.causal=false with sliding_attention layers is not implemented")
     if hf.num_attention_heads % hf.num_key_value_heads:
         raise CheckpointError(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={hf.num_key_value_heads}")
 
@@ -344,7 +343,8 @@ def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str,
         "rope_type": rp["rope_type"], "rope_theta": float(rp["rope_theta"]), "rope_attention_scaling": scaling,
         "max_position_embeddings": cfg.max_position_embeddings,
         "sliding_layers": sliding, "sliding_window": cfg.sliding_window, "sliding_window_applied": bool(sliding) and apply_window,
-        "causal_layers": [i for i, t in enumerate(cfg.layer_types) if cfg.layer_causal(t)], "logit_scale": cfg.logit_scale,
+        "causal_layers": [i for i, t in enumerate(cfg.layer_types) if cfg.layer_causal(t) and (apply_window or cfg.causal)],
+        "logit_scale": cfg.logit_scale,
         "own_embed": cfg.own_embed, "own_lm_head": cfg.own_lm_head, "draft_vocab_size": cfg.draft_vocab_size,
     }
     out.update({f"rope_{k}": v for k, v in sorted(rp.items()) if k not in ("rope_type", "rope_theta")})

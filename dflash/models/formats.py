@@ -251,6 +251,7 @@ def share_equal(drafter: Any, target: Any) -> list[str]:
         same = getattr(theirs, "bias", None) is None and mine.weight.shape == w.shape
         if same and torch.equal(mine.weight, w.to(mine.weight.device, mine.weight.dtype)):
             setattr(drafter, name, None)
+            setattr(drafter.cfg, "own_embed" if name == "embed_tokens" else "own_lm_head", False)  # what is evaluated
             out.append(f"{name}: the target's (the drafter's own equals it, as vLLM shares it then)")
         else:
             out.append(f"{name}: the drafter's own (differs from the target's)")
