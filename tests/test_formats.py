@@ -164,6 +164,12 @@ def test_reduced_draft_vocabulary_maps_ids(qwen3_target, tmp_path):
     got = proposals(qwen3_target, folder(tmp_path / "r", hf_config(tmp_path, top={"draft_vocab_size": 64}), sd))
     full = proposals(qwen3_target, folder(tmp_path / "hf", hf_config(tmp_path), big()))
     assert torch.isin(got, ids).all() and not torch.equal(got, full)
+    t2d = torch.zeros(256, dtype=torch.bool).index_fill_(0, ids, True)
+    same = proposals(qwen3_target, folder(tmp_path / "t", hf_config(tmp_path, top={"draft_vocab_size": 64}), {**sd, "t2d": t2d}))
+    assert torch.equal(same, got)  # t2d agrees with the offsets: read, then dropped as vLLM drops it
+    with pytest.raises(CheckpointError, match="tensor d2t read as vLLM reads it"):  # absolute ids are not vLLM's offsets
+        read_drafter("hf", "x", path=str(folder(tmp_path / "abs", hf_config(tmp_path, top={"draft_vocab_size": 64}),
+                                               {**sd, "d2t": ids, "t2d": t2d})))
     d = load_drafter(qwen3_target, "hf", "x", path=str(tmp_path / "r")).model
     h = torch.randn(5, H)
     assert torch.equal(d.logits(qwen3_target.lm_head, h).argmax(-1), ids[(h @ W[ids].T).argmax(-1)])

@@ -143,7 +143,7 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
                           ("sample_from_anchor", bool, "drafting the anchor slot too (DSpark's block)"),
                           ("shift_label", bool, "predictions shifted by one position (Domino's)"),
                           ("sliding_window_non_causal", bool, "sliding layers without causality")):
-        v = rest.pop(key, None)
+        v = rest.pop(key, kind == "dflash2" if key == "sliding_window_non_causal" else None)  # speculators' defaults
         if bad(v) and not (key == "sliding_window_non_causal" and "sliding_attention" not in (tlc.get("layer_types") or [])):
             raise _refuse(key, v, f"switches on {why}, which this evaluator does not implement; use a drafter without it")
     cfg: dict[str, Any] = {**{k: v for k, v in tlc.items() if k not in ("architectures", "_name_or_path")}}
@@ -192,6 +192,12 @@ def translate(raw: dict[str, Any], sd: dict[str, torch.Tensor], folder: Path | N
         for a, b in RENAMES:  # substrings, as vLLM's WeightsMapper
             k = k.replace(a, b)
         out[k] = v
+    t2d, d2t = out.get("t2d"), out.get("d2t")
+    if t2d is not None and d2t is not None and t2d.dim() == d2t.dim() == 1 and not d2t.is_floating_point():
+        mapped = torch.arange(d2t.shape[0]) + d2t.long()  # vLLM's offsets; speculators' t2d marks the same ids
+        if not torch.equal(mapped.sort().values, t2d.bool().nonzero()[:, 0]):
+            raise CheckpointError("tensor d2t read as vLLM reads it (target id = i + d2t[i]) does not give the ids tensor t2d "
+                                  "marks: the map is stored in another convention (absolute ids?); not implemented")
     for k in DROPPED:
         if out.pop(k, None) is not None:
             notes.append(f"tensor {k} not read (vLLM skips it)")
