@@ -74,6 +74,8 @@ def _taps_from_aux(key: str, ids: Any) -> list[int]:
 
 def _vllm_keys(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """An HF-format config with vLLM's qwen3_dflash keys -> the canonical keys (vLLM's precedence)."""
+    if not isinstance(raw.get("dflash_config") or {}, dict):
+        return dict(raw)  # the parser refuses it, naming the key
     d, dc = dict(raw), dict(raw.get("dflash_config") or {})
     eagle = d.pop("eagle_config", None)
     if eagle is not None:
@@ -108,6 +110,8 @@ def _vllm_keys(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
             notes.append(f"dflash_config.causal={dc['causal']} ignored: vLLM reads is_causal={is_causal} first")
         dc["causal"] = is_causal
     use_swa, window = dc.pop("use_swa", False), dc.pop("swa_window_size", None)
+    if not isinstance(use_swa, bool):
+        raise _refuse("dflash_config.use_swa", use_swa, "should be true or false; fix config.json")
     n = d.get("num_hidden_layers")
     types = d.get("layer_types") or (["full_attention"] * n if isinstance(n, int) else None)
     if use_swa and types is not None and "sliding_attention" not in types:
