@@ -20,6 +20,7 @@ from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, E
 from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
 from dflash.models.drafter_config import DrafterConfig, effective_config
+from dflash.models.formats import share_equal
 from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.report.samples import sample_record
@@ -101,6 +102,8 @@ def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], sr
     with timed(timings, "load_drafter"):
         drafter = build_drafter(src, cfg.drafter.sliding_window, device=target.head_device, dtype=target.dtype)  # beside the last layers
         drafter.model.eval().requires_grad_(False)
+        for note in share_equal(drafter.model, target):  # an own embedding / LM head equal to the target's: the target's (vLLM)
+            log.info("drafter %s", note)
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     if (kernel := linear_attention_kernel(target.model)) is not None:
         log.info("target: Gated DeltaNet layers run %s", kernel)

@@ -69,6 +69,12 @@ class OracleDrafter(torch.nn.Module):
         r = random.Random(p).randrange(self.cfg.block_size + 1)
         return r + 1 if r < self.cfg.block_size - 1 else None  # slot 1..B-1, or none wrong
 
+    def embed(self, target_embed, ids):  # the target's embedding and head, as a DFlash drafter without its own
+        return target_embed(ids)
+
+    def logits(self, target_head, h):
+        return target_head(h)
+
     def forward(self, taps, block_emb, anchor_pos, backend="sdpa"):
         B, p = self.cfg.block_size, int(anchor_pos.reshape(-1)[0])
         self.anchors.append(p)

@@ -3,8 +3,8 @@
 `Generator` decodes up to `batch` prompts at a time, greedy or position-keyed sampled
 (dflash/models/sampling.py), stopping each row at EOS. Its step is one captured function (a CUDA
 graph on CUDA). Finished rows stay in their batch, masked: they feed a pad token and record
-nothing. A step's time hardly depends on the rows (H200, SmolLM2's shape, bf16, CUDA graphs: 3.2 ms
-at batch 1, 3.8 ms at batch 12), so dropping finished rows would save little; a batch stops once
+nothing. A step's time hardly depends on the rows (measured: the engine's batch-1 and
+batch-12 rates in docs/results.md), so dropping finished rows would save little; a batch stops once
 every row has finished (checked every `Generator.period` steps, the only host synchronisation of
 the loop).
 

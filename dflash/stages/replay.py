@@ -105,7 +105,7 @@ def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, ancho
     block[..., 0] = tokens
     ctx_len = int(anchors.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
     ctx_len = min(kv[0][0].shape[2], -(-ctx_len // CTX_ROUND) * CTX_ROUND)  # few distinct shapes: the mask hides keys >= p
-    h = drafter(None, target.embed(block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
+    h = drafter(None, drafter.embed(target.embed, block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
                 ctx_kv=[(k[:, :, :ctx_len], v[:, :, :ctx_len]) for k, v in kv])  # [S, N, B, H]
     if not bool(torch.isfinite(h).all()):
         bad = int(anchors.reshape(-1)[~torch.isfinite(h).reshape(S * N, -1).all(-1).to(anchors.device)][0])
@@ -126,7 +126,7 @@ def draft_anchors(drafter: DFlashDrafter, target: Target, s: ReplaySeq, anchors:
     for a in anchors.split(opt.chunk) if len(anchors) else ():  # no anchor: a 1-token reference (EOS first)
         N = a.shape[0]
         h = drafter_hidden(drafter, target, s.ids[a][None], a[None], s.kv, opt.backend, opt.see_anchor)
-        logits = target.lm_head(h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
+        logits = drafter.logits(target.lm_head, h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
         if not opt.scores:
             props.append(logits.argmax(-1).view(N, B - 1))
             continue
@@ -197,7 +197,7 @@ def replay_all(drafter: DFlashDrafter, target: Target, s: ReplaySeq, opt: Replay
 HEAD_GROUPS = (1, 2, 4, 8)  # LM-head slot groups of the visited mode: slots 1, 2-3, 4-7, 8-15
 
 
-def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
+def lazy_greedy(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
     """h [S, B-1, H] slot hidden states, labels [S, B-1] (the reference after each anchor, -1 past its end)
     -> per row the greedy proposal over the slots `verify` reads: the LM head runs on slot groups of
     HEAD_GROUPS, each only for the rows whose earlier slots all equal their labels."""
@@ -210,7 +210,7 @@ def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
         if lo >= K or not len(rows):
             break
         hi = min(lo + size, K)
-        g = target.lm_head(h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
+        g = drafter.logits(target.lm_head, h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
         out[rows, lo:hi], length[rows] = g, hi
         go = (g == labels[rows, lo:hi]).all(-1) & (labels[rows, hi] >= 0 if hi < K else False)
         alive[rows] = go
@@ -259,7 +259,7 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq]
             rows = kv if len(part) == len(seqs) else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
             h = drafter_hidden(drafter, target, ext[idx, anc][:, None], anc[:, None], rows, opt.backend, opt.see_anchor)[:, 0]
             labels = ext[idx[:, None], anc[:, None] + torch.arange(1, B, device=dev)]  # [R, B-1]
-            drafted.update(zip(part, lazy_greedy(target, h, labels)))
+            drafted.update(zip(part, lazy_greedy(drafter, target, h, labels)))
         for i in active:
             prop = known[i][pos[i]] if pos[i] in known[i] else drafted[i]
             a, commit = verify(ids[i], pos[i], prop, B)
