@@ -260,3 +260,22 @@ def test_refused_format_fields_exit_2_without_a_traceback(tmp_path, broken_targe
     for drafter, words in ((vllm, "dflash_config.use_aux_hidden_state=False"), (spec, "projector_type='domino'")):
         r = _evaluate(tmp_path, broken_target, drafter)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_narrower_drafter_with_its_own_heads(qwen3_target, tmp_path):
+    """target_hidden_size (the taps' width) above the drafter's hidden size, with its own embedding and
+    LM head: written by save_hf_folder, read back, the online loop lossless and equal to the replay."""
+    from dflash.models.checkpoint_files import save_hf_folder
+    from dflash.models.drafter import DFlashDrafter
+    from dflash.models.drafter_config import DrafterConfig
+
+    cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        intermediate_size=48, num_target_layers=6, target_layer_ids=[1, 3], mask_token_id=MASK_ID, block_size=B,
+                        target_hidden_size=64, own_embed=True, own_lm_head=True, vocab_size=256)
+    save_hf_folder(DFlashDrafter(cfg).init_weights(0, std=0.3), tmp_path / "narrow", dtype=torch.float32)
+    d = load_drafter(qwen3_target, "hf", "x", path=str(tmp_path / "narrow")).model
+    assert (d.fc.in_features, d.embed_tokens.weight.shape, d.lm_head.weight.shape) == (128, (256, 32), (256, 32))
+    online = speculative_generate(qwen3_target, d, SEQ[:FIRST], 14)
+    taps = tapped_forward(qwen3_target, torch.tensor([SEQ[:FIRST] + online.tokens]), d.cfg.target_layer_ids)[0]
+    _, blocks = evaluate_sequence(d, qwen3_target, SEQ[:FIRST], online.tokens, taps)
+    assert [b.proposal for b in blocks] == [b.proposal for b in online.blocks] and len({tuple(b.proposal) for b in blocks}) > 1
