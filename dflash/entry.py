@@ -189,14 +189,14 @@ def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: O
     FAILED). -> the parents' run ids."""
     from dflash import tracking
     from dflash.report import console, sweep
-    from dflash.report.compare import RunIdentity
+    from dflash.report.pairs import RunIdentity
 
     parents = tracking.sweep_parents(uri, sweep_id)
     for parent in parents:
         kids = parent.children
         values = swept_values([k.overrides for k in kids])
-        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, RunIdentity(k.identity.target_identity, k.identity.dtype))
-                    for k, v in zip(kids, values)]
+        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, RunIdentity(k.identity.target_identity, k.identity.dtype),
+                                     k.prompt_lookup_tau) for k, v in zip(kids, values)]
         table = sweep.sweep_table(children) if children else []
         bad_jobs = sorted({int(r["job"]) for r in failed} | {k.job for k in kids if k.status != "FINISHED"})
         final = status or ("FAILED" if bad_jobs else "FINISHED")

@@ -16,16 +16,18 @@ from typing import Any, Iterator
 
 import torch
 
-from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig
+from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig
 from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
 from dflash.models.drafter_config import effective_config
+from dflash.models.formats import share_equal
 from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
+from dflash.stages.prompt_lookup import PromptLookup, lookup_replay, yardstick
 from dflash.stages.prompts import Prompt, load_prompts, render
-from dflash.stages.references import ReferenceOptions, ReferenceStats, check_references, get_references
+from dflash.stages.references import ReferenceOptions, ReferenceStats, check_references, drop_references, get_references
 from dflash.stages.replay import ReplayOptions, prepare, replay_group
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
 from dflash.stages.run_checks import check_measured, prompt_format, thinking_warning, window_warning
@@ -108,6 +110,8 @@ def build_beside(target: Target, src: DrafterSource, sliding_window: str, timing
     with timed(timings, "load_drafter"):
         drafter = build_drafter(src, sliding_window, device=target.head_device, dtype=target.dtype)
         drafter.model.eval().requires_grad_(False)
+        for note in share_equal(drafter.model, target):  # an own embedding / LM head equal to the target's: the target's (vLLM)
+            log.info("drafter %s", note)
     log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
     return drafter
 
@@ -283,7 +287,8 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
     del src  # its weights are the module's now
     prompts, ref_stats = prep.prompts, prep.ref_stats
     results = replay_prompts(cfg, target, drafter, prompts, prep.ids, prep.refs, timings)
-    unmeasured = check_measured(results, rc.source)
+    unmeasured = check_measured(results, rc.source, lambda ps: drop_references(ref_stats, ps))
+    lookup = prompt_lookup(cfg.prompt_lookup, results, timings) if cfg.prompt_lookup.enabled else None
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
@@ -309,4 +314,14 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
     )
     window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))
     warnings = drafter.warnings + ref_stats.warnings + prep.plan.warnings + window + unmeasured
-    return EvalResult(metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer)
+    return EvalResult(metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer, prompt_lookup=lookup)
+
+
+def prompt_lookup(pl: PromptLookupConfig, results: list[PromptResult], timings: dict[str, float]) -> PromptLookup:
+    """The yardstick: prompt lookup replayed on every prompt's reference at the drafter's block size."""
+    with timed(timings, "prompt_lookup"):
+        B = results[0].counters.block_size
+        lookup = [lookup_replay(r.prompt_ids, r.reference, B, pl.min, pl.max) for r in results]
+        y = yardstick([r.counters for r in results], lookup, pl.min, pl.max)
+    log.info("prompt lookup (n-gram, n %d..%d, %d drafted): τ %s", pl.min, pl.max, B - 1, "-" if y.tau is None else f"{y.tau:.3f}")
+    return y

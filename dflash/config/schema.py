@@ -165,6 +165,23 @@ class ReplayConfig:
 
 
 @dataclass
+class PromptLookupConfig:
+    """The yardstick beside every τ: prompt lookup, vLLM's `ngram` speculator, replayed on the same references
+    (dflash/stages/prompt_lookup.py). min / max are vLLM's prompt_lookup_min / prompt_lookup_max (here its own
+    defaults when neither is set); its num_speculative_tokens is the drafter's B - 1."""
+
+    enabled: bool = True
+    min: int = 5  # the shortest n-gram matched
+    max: int = 5  # the longest n-gram matched (tried first)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min, int) and self.min < 1:
+            raise ConfigError(f"prompt_lookup.min={self.min}: use 1 or more (tokens in the shortest n-gram matched)")
+        if isinstance(self.min, int) and isinstance(self.max, int) and self.max < self.min:
+            raise ConfigError(f"prompt_lookup.max={self.max} is below prompt_lookup.min={self.min}: use max >= min")
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     uri: str = "sqlite:///mlflow.db"
@@ -219,6 +236,7 @@ class EvalConfig:
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = ".cache"
     seed: int = 0

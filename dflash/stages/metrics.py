@@ -95,7 +95,7 @@ def ids_digest(ids: list[int]) -> str:
 @dataclass
 class PromptRow:
     """One prompt's counters as a run's `per_prompt.json` holds them (`to_dict`, one dict per prompt)
-    and dflash.report.compare pairs them: two rows pair only where both digests match."""
+    and dflash.report.pairs pairs them: two rows pair only where both digests match."""
 
     id: str
     subset: str

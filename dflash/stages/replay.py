@@ -21,7 +21,7 @@ with its SE over prompts, at stride s > 1. With `scores` also the drafter's NLL 
 and its top-1 probability there (a log-sum-exp over the vocabulary at every slot, ~30% more on CPU).
 
 The drafter's context keys and values depend on the taps alone (`DFlashDrafter.context_kv`): they are
-computed once per sequence (`Sequence`) and every block reads a prefix. No cache is rolled back here:
+computed once per sequence (`ReplaySeq`) and every block reads a prefix. No cache is rolled back here:
 the features come from one forward over prompt + reference, so a hybrid target's Gated DeltaNet state
 (Qwen3.5 / 3.6) only ever advances over committed tokens; the online loop (online/speculative.py) is
 what must roll it back after a cut block.
@@ -62,7 +62,7 @@ class Block:
 
 
 @dataclass
-class Sequence:
+class ReplaySeq:
     """One prompt's replay input: prompt + reference ids [T] and the drafter's context K/V of its taps."""
 
     ids: Tensor  # [T] on the target's device
@@ -79,11 +79,11 @@ class Sequence:
 
 
 @torch.no_grad()
-def prepare(drafter: DFlashDrafter, target: Target, prompt_ids: list[int], completion_ids: list[int], taps: Tensor) -> Sequence:
-    """taps [T, n*H] of prompt + reference -> a Sequence (the taps are not kept)."""
+def prepare(drafter: DFlashDrafter, target: Target, prompt_ids: list[int], completion_ids: list[int], taps: Tensor) -> ReplaySeq:
+    """taps [T, n*H] of prompt + reference -> a ReplaySeq (the taps are not kept)."""
     dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype  # with the target's last layers
     ids = torch.tensor(prompt_ids + completion_ids, device=target.device)
-    return Sequence(ids, len(prompt_ids), drafter.context_kv(taps[None].to(dev, dt)))
+    return ReplaySeq(ids, len(prompt_ids), drafter.context_kv(taps[None].to(dev, dt)))
 
 
 def verify(seq: list[int], pos: int, proposal: list[int], block_size: int) -> tuple[int, int]:
@@ -105,7 +105,7 @@ def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, ancho
     block[..., 0] = tokens
     ctx_len = int(anchors.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
     ctx_len = min(kv[0][0].shape[2], -(-ctx_len // CTX_ROUND) * CTX_ROUND)  # few distinct shapes: the mask hides keys >= p
-    h = drafter(None, target.embed(block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
+    h = drafter(None, drafter.embed(target.embed, block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
                 ctx_kv=[(k[:, :, :ctx_len], v[:, :, :ctx_len]) for k, v in kv])  # [S, N, B, H]
     if not bool(torch.isfinite(h).all()):
         bad = int(anchors.reshape(-1)[~torch.isfinite(h).reshape(S * N, -1).all(-1).to(anchors.device)][0])
@@ -115,7 +115,7 @@ def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, ancho
 
 
 @torch.no_grad()
-def draft_anchors(drafter: DFlashDrafter, target: Target, s: Sequence, anchors: Tensor, opt: ReplayOptions
+def draft_anchors(drafter: DFlashDrafter, target: Target, s: ReplaySeq, anchors: Tensor, opt: ReplayOptions
                   ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Greedy proposals at the given anchors (sorted positions, [A]), opt.chunk per drafter pass ->
     proposals [A, B-1]; with opt.scores also nll [A, B-1] (-log p of the reference token at slot k;
@@ -126,7 +126,7 @@ def draft_anchors(drafter: DFlashDrafter, target: Target, s: Sequence, anchors: 
     for a in anchors.split(opt.chunk) if len(anchors) else ():  # no anchor: a 1-token reference (EOS first)
         N = a.shape[0]
         h = drafter_hidden(drafter, target, s.ids[a][None], a[None], s.kv, opt.backend, opt.see_anchor)
-        logits = target.lm_head(h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
+        logits = drafter.logits(target.lm_head, h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
         if not opt.scores:
             props.append(logits.argmax(-1).view(N, B - 1))
             continue
@@ -141,15 +141,6 @@ def draft_anchors(drafter: DFlashDrafter, target: Target, s: Sequence, anchors: 
         empty = torch.empty((0, B - 1), device=target.device)
         return empty.long(), (empty if opt.scores else None), (empty if opt.scores else None)
     return torch.cat(props), (torch.cat(nlls) if opt.scores else None), (torch.cat(confs) if opt.scores else None)
-
-
-def draft_every_anchor(drafter: DFlashDrafter, target: Target, seq: Tensor, taps: Tensor, first_anchor: int,
-                       backend: str = "sdpa", anchors_per_chunk: int = 32, see_anchor: bool = False, scores: bool = False
-                       ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """`draft_anchors` at every anchor first_anchor .. T-2 of seq [T] (row i for the anchor first_anchor + i)."""
-    s = Sequence(seq, first_anchor, drafter.context_kv(taps[None].to(drafter.fc.weight.device, drafter.fc.weight.dtype)))
-    opt = ReplayOptions(chunk=anchors_per_chunk, backend=backend, scores=scores, see_anchor=see_anchor)
-    return draft_anchors(drafter, target, s, torch.arange(first_anchor, s.T - 1, device=seq.device), opt)
 
 
 def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int) -> tuple[Counters, list[Block]]:
@@ -193,7 +184,7 @@ def teacher_forced(
             setattr(c, name, add(getattr(c, name), torch.where(valid, x, 0.0).sum(0)))
 
 
-def replay_all(drafter: DFlashDrafter, target: Target, s: Sequence, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
+def replay_all(drafter: DFlashDrafter, target: Target, s: ReplaySeq, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
     """The `all` mode on one sequence: draft every anchor, walk, teacher-forced at the stride."""
     props, nll, conf = draft_anchors(drafter, target, s, torch.arange(s.first, s.T - 1, device=s.ids.device), opt)
     seq = s.ids.tolist()
@@ -206,7 +197,7 @@ def replay_all(drafter: DFlashDrafter, target: Target, s: Sequence, opt: ReplayO
 HEAD_GROUPS = (1, 2, 4, 8)  # LM-head slot groups of the visited mode: slots 1, 2-3, 4-7, 8-15
 
 
-def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
+def lazy_greedy(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
     """h [S, B-1, H] slot hidden states, labels [S, B-1] (the reference after each anchor, -1 past its end)
     -> per row the greedy proposal over the slots `verify` reads: the LM head runs on slot groups of
     HEAD_GROUPS, each only for the rows whose earlier slots all equal their labels."""
@@ -219,7 +210,7 @@ def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
         if lo >= K or not len(rows):
             break
         hi = min(lo + size, K)
-        g = target.lm_head(h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
+        g = drafter.logits(target.lm_head, h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
         out[rows, lo:hi], length[rows] = g, hi
         go = (g == labels[rows, lo:hi]).all(-1) & (labels[rows, hi] >= 0 if hi < K else False)
         alive[rows] = go
@@ -227,7 +218,7 @@ def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
     return [o[:n].tolist() for o, n in zip(out, length.tolist())]
 
 
-def _padded(seqs: list[Sequence]) -> KV:
+def _padded(seqs: list[ReplaySeq]) -> KV:
     """The sequences' context K/V stacked, zero-padded to the longest: [S, Hkv, Tmax, D] per layer
     (padding is never visible: a block sees positions below its anchor)."""
     Tmax = max(s.T for s in seqs)
@@ -242,7 +233,7 @@ def _padded(seqs: list[Sequence]) -> KV:
 
 
 @torch.no_grad()
-def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[Sequence], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
     """The `visited` mode over a group of prompts: the teacher-forced anchors (stride) drafted per sequence,
     then the loop walked in lockstep: each pass drafts the current anchor of every prompt whose anchor is
     not among those (opt.chunk prompts per pass), with `lazy_greedy`'s LM head."""
@@ -268,7 +259,7 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[Sequence],
             rows = kv if len(part) == len(seqs) else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
             h = drafter_hidden(drafter, target, ext[idx, anc][:, None], anc[:, None], rows, opt.backend, opt.see_anchor)[:, 0]
             labels = ext[idx[:, None], anc[:, None] + torch.arange(1, B, device=dev)]  # [R, B-1]
-            drafted.update(zip(part, lazy_greedy(target, h, labels)))
+            drafted.update(zip(part, lazy_greedy(drafter, target, h, labels)))
         for i in active:
             prop = known[i][pos[i]] if pos[i] in known[i] else drafted[i]
             a, commit = verify(ids[i], pos[i], prop, B)
@@ -278,28 +269,10 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[Sequence],
     return outs
 
 
-def replay_group(drafter: DFlashDrafter, target: Target, seqs: list[Sequence], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_group(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
     """Replay a group of prompts in opt.anchors' mode -> per prompt (counters, blocks); the same walk in both."""
     if opt.anchors not in ANCHOR_MODES:
         raise ValueError(f"replay anchors={opt.anchors!r}: use one of {ANCHOR_MODES}")
     if opt.anchors == "all":
         return [replay_all(drafter, target, s, opt) for s in seqs]
     return replay_visited(drafter, target, seqs, opt)
-
-
-def evaluate_sequence(
-    drafter: DFlashDrafter,
-    target: Target,
-    prompt_ids: list[int],
-    completion_ids: list[int],
-    taps: Tensor,
-    backend: str = "sdpa",
-    anchors_per_chunk: int = 32,
-    see_anchor: bool = False,
-    scores: bool = False,
-    anchors: str = "all",
-    tf_stride: int = 1,
-) -> tuple[Counters, list[Block]]:
-    """One prompt's replay in either mode (the pipeline replays groups of prompts: `replay_group`)."""
-    opt = ReplayOptions(anchors, tf_stride, anchors_per_chunk, backend, scores, see_anchor)
-    return replay_group(drafter, target, [prepare(drafter, target, prompt_ids, completion_ids, taps)], opt)[0]

@@ -3,7 +3,7 @@ mode a public drafter was not trained with, sequences past the drafter's sliding
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from dflash.config.schema import EvalConfig, TemplateConfig
 from dflash.models.drafter_config import DrafterConfig
@@ -14,9 +14,10 @@ if TYPE_CHECKING:
     from dflash.stages.result import PromptResult
 
 
-def check_measured(results: list[PromptResult], source: str) -> list[str]:
+def check_measured(results: list[PromptResult], source: str, drop: Callable[[list[list[int]]], int] | None = None) -> list[str]:
     """Prompts whose replay made no verify step measured nothing: all of them is an error (exit 2, the
-    run ends FAILED), some a warning naming them. -> the warnings."""
+    run ends FAILED) and `drop(prompt ids)` removes those refused references from the cache (-> how many
+    were there), so the next run asks again; some is a warning naming them. -> the warnings."""
     empty = [r for r in results if r.counters.steps == 0]
     if not empty:
         return []
@@ -24,7 +25,9 @@ def check_measured(results: list[PromptResult], source: str) -> list[str]:
     what = (f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the first new token "
             "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)")
     if len(empty) == len(results):
-        raise ReferenceError(f"nothing was measured: {what}. Check the references (references={source}: does the server stop at once, "
+        dropped = drop([r.prompt_ids for r in results]) if drop is not None else 0
+        gone = f"; their {dropped} cached references were removed, so the next run asks again" if dropped else ""
+        raise ReferenceError(f"nothing was measured: {what}{gone}. Check the references (references={source}: does the server stop at once, "
                              "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens")
     log.warning("%s; they count in no ratio", what)
     return [f"{what}; they count in no ratio"]

@@ -67,6 +67,7 @@ from dflash.tracking.record import (
     KILLED_TAG,
     OVERRIDES_TAG,
     PER_PROMPT,
+    PROMPT_LOOKUP_TAU,
     TAU,
     TRAIN,
     Dataset,
@@ -74,6 +75,7 @@ from dflash.tracking.record import (
     RunTags,
     log_eval,
     prompt_dataset,
+    prompt_lookup_metrics,
     series_point,
     train_tags,
 )
@@ -103,11 +105,12 @@ from dflash.tracking.view import TRAINING_VIEW_KEY, eval_view, setup_eval_experi
 
 __all__ = [
     "ACCURACY_SLOT", "BEST_CHILD_TAG", "CHECKPOINT_SHA_TAG", "DRAFTER_STEP_TAG", "ERROR_TAG", "FAILED_JOBS_TAG", "GROUP_TAG", "HOST_TAG",
-    "JOBS_TAG", "JOB_TAG", "KILLED_TAG", "OVERRIDES_TAG", "PER_PROMPT", "PID_START_TAG", "PID_TAG", "ROLE_TAG", "RUN_DIR_TAG", "SERIES_TAG",
-    "SWEEP", "SWEEP_TAG", "TAU", "TRAIN", "TRAINING_RUN", "TRAINING_VIEW_KEY", "setup_training_view", "training_view_url",
+    "JOBS_TAG", "JOB_TAG", "KILLED_TAG", "OVERRIDES_TAG", "PER_PROMPT", "PID_START_TAG", "PID_TAG", "PROMPT_LOOKUP_TAU", "ROLE_TAG",
+    "RUN_DIR_TAG", "SERIES_TAG", "SWEEP", "SWEEP_TAG", "TAU", "TRAIN", "TRAINING_RUN", "TRAINING_VIEW_KEY", "setup_training_view",
+    "training_view_url",
     "ChildRun", "Dataset", "EvalRecord", "NoRun", "ParentRun", "Run", "RunTags",
     "SweepFamily", "TrainingRunFamily", "children", "ensure_experiment", "eval_view", "evaluated_steps", "find_runs", "finish_parent",
     "flatten", "load_per_prompt", "log_eval", "log_files", "main", "metric_history", "mlflow_client", "open_parent", "open_store",
-    "prompt_dataset", "reap", "train_tags", "run_tags", "series_point", "setup_eval_experiment", "start_ticks", "store_lock",
-    "sweep_parents", "view_url",
+    "prompt_dataset", "prompt_lookup_metrics", "reap", "train_tags", "run_tags", "series_point", "setup_eval_experiment", "start_ticks",
+    "store_lock", "sweep_parents", "view_url",
 ]

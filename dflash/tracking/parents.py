@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash.tracking.record import CHECKPOINT_SHA_TAG, DRAFTER_STEP_TAG, JOB_TAG, OVERRIDES_TAG, TAU, RunTags
+from dflash.tracking.record import CHECKPOINT_SHA_TAG, DRAFTER_STEP_TAG, JOB_TAG, OVERRIDES_TAG, PROMPT_LOOKUP_TAU, TAU, RunTags
 from dflash.tracking.run import Run
 from dflash.tracking.store import (
     NOTE_TAG,
@@ -110,6 +110,11 @@ class ChildRun:
     metrics: dict[str, float] = field(default_factory=dict)  # its scalars' last values
     step: int | None = None  # a training run's child: the drafter's step
     sha256: str | None = None  # its checkpoint's digest
+
+    @property
+    def prompt_lookup_tau(self) -> float | None:
+        """The yardstick's τ it logged (dflash.tracking.record.PROMPT_LOOKUP_TAU); None: none."""
+        return self.metrics.get(PROMPT_LOOKUP_TAU)
 
 
 @dataclass

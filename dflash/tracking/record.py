@@ -12,14 +12,12 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dflash.stages.metrics import commit_share, position_table
+from dflash.stages.prompt_lookup import PromptLookup
 from dflash.stages.result import EvalResult, per_prompt_row
 from dflash.stages.served import served_histogram
-
-if TYPE_CHECKING:
-    from dflash.tracking.run import Run
 
 # tags of an evaluation run
 CHECKPOINT_PATH_TAG = "checkpoint_path"
@@ -59,6 +57,13 @@ BY_COMMIT = "by_commit/share"
 SERVED_BY_COMMIT = "served/by_commit/share"
 TIME = "time/"  # + a stage: its seconds
 TAU = "acceptance_length"
+
+# the yardstick (dflash/stages/prompt_lookup.py): prompt lookup's τ over prompts and the drafter's paired gain on
+# it; its settings are the run's params prompt_lookup.*; a sweep reads the τ back (parents.ChildRun.prompt_lookup_tau)
+PROMPT_LOOKUP_TAU = "prompt_lookup/acceptance_length"
+PROMPT_LOOKUP_TAU_SE = "prompt_lookup/acceptance_length_se"
+PROMPT_LOOKUP_GAIN = "prompt_lookup/gain"
+PROMPT_LOOKUP_GAIN_SE = "prompt_lookup/gain_se"
 
 
 @dataclass(frozen=True)
@@ -120,9 +125,17 @@ def resolved_params(res: EvalResult) -> dict[str, Any]:
     }  # the drafter as built (dflash.models.drafter_config)
 
 
-def log_eval(run: "Run", res: EvalResult, rec: EvalRecord, dataset: Dataset) -> None:
-    """One evaluation's record on its run: name, tags, resolved params, metrics and curves, the prompts as a
-    dataset, the description, the config, per-prompt and per-position tables, the report's files."""
+def prompt_lookup_metrics(p: PromptLookup | None) -> dict[str, float | None]:
+    """The yardstick as metrics (empty when it was not computed; undefined values are not logged)."""
+    if p is None:
+        return {}
+    return {PROMPT_LOOKUP_TAU: p.tau, PROMPT_LOOKUP_TAU_SE: p.tau_se, PROMPT_LOOKUP_GAIN: p.gain, PROMPT_LOOKUP_GAIN_SE: p.gain_se}
+
+
+def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> None:
+    """One evaluation's record on its run (a dflash.tracking.run.Run, not imported here: run.py reads this module's
+    names): name, tags, resolved params, metrics and curves, the prompts as a dataset, the description, the config,
+    per-prompt and per-position tables, the report's files."""
     info = res.info
     run.set_run_name(info.run_name)  # the step is known now
     run.set_tags({
@@ -132,7 +145,8 @@ def log_eval(run: "Run", res: EvalResult, rec: EvalRecord, dataset: Dataset) -> 
     })
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
     curves = {f"{BY_POSITION}{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
-    run.log_metrics({**res.metrics, **{f"{TIME}{k}": v for k, v in res.timings.items()}}, curves=curves)
+    run.log_metrics({**res.metrics, **prompt_lookup_metrics(res.prompt_lookup), **{f"{TIME}{k}": v for k, v in res.timings.items()}},
+                    curves=curves)
     run.log_metrics({}, curves={BY_COMMIT: commit_share(res.total)})  # step = tokens committed by a verify step
     if share := served_histogram(list(info.references.served.values())):
         run.log_metrics({}, curves={SERVED_BY_COMMIT: share})  # the server's own histogram, same steps
