@@ -2,7 +2,7 @@
 
 `run(cfg)` takes the typed config (`dflash.config.schema.EvalConfig`) and returns an `EvalResult`: plain
 typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
-itself (dflash.util.progress) and is timed (`EvalResult.timings`, seconds) so the README can report
+itself (dflash.util.progress) and is timed (`EvalResult.timings`, seconds) so a run can report
 where time goes.
 """
 

@@ -22,7 +22,7 @@ from dflash.models.generator import choose_compile, decode_steps, length_batches
 from dflash.models.sampling import Sampling, pick, row_keys
 from dflash.util.progress import Progress, log
 
-COMPILE_MIN_STEPS = ReferencesConfig.compile_min_steps  # references.compile=auto's threshold (the measured break-even: README, Performance)
+COMPILE_MIN_STEPS = ReferencesConfig.compile_min_steps  # references.compile=auto's threshold (the measured break-even: docs/results.md)
 
 
 @torch.no_grad()
