@@ -1,7 +1,8 @@
 # make evaluate [ARGS="drafter.step=20000 ..."]   set up .venv if needed, run the default evaluation
 # make test [PYTEST_ARGS=...]                      set up .venv if needed, lint (ruff, import contracts), run the test suite
-# make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined)
+# make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined, no import circle)
 # make setup                                       only the set-up
+# make results                                     rebuild docs/results.md from the raw logs in scripts/results/
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup evaluate test lint
+.PHONY: setup evaluate test lint results
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -31,3 +32,6 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+results: setup
+	$(PY) scripts/results_page.py

@@ -3,7 +3,7 @@ is B better or worse than A?
 
 Two evaluation runs (MLflow run ids, or run names such as `fixed@step_1633`: the newest finished
 runs of those names that pair) that replayed the same prompts against the same references, on one
-target and dtype, are compared prompt by prompt (dflash/report/compare.py): the gap in τ, in
+target and dtype, are compared prompt by prompt (dflash/report/pairs.py): the gap in τ, in
 teacher-forced accuracy at slots 1-3 and (both run with scores=true) in the reference token's NLL,
 each with its paired SE. A gap of 2 SE or more is reported as measurable. Runs over other prompts,
 other references (each per-prompt row's digest of its reference ids), another target or dtype are
@@ -21,10 +21,15 @@ import os
 import sys
 from pathlib import Path
 
-from dflash.report.compare import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
+from dflash.report.pairs import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
 from dflash.stages.metrics import PromptRow
 from dflash.util.errors import UserError
 from dflash.util.files import atomic_write_bytes
+
+
+def _identity(t) -> RunIdentity:
+    """A run's target and dtype as dflash.tracking reads them back (`RunTags`)."""
+    return RunIdentity(t.target_identity, t.dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(run_id: str) -> tuple[list[PromptRow], RunIdentity]:
             if run_id not in rows:
-                rows[run_id] = rows_of(tracking.load_per_prompt(args.uri, run_id)), RunIdentity.from_tags(tracking.run_tags(args.uri, run_id))
+                tags = tracking.RunTags.of(tracking.run_tags(args.uri, run_id))
+                rows[run_id] = rows_of(tracking.load_per_prompt(args.uri, run_id)), _identity(tags)
             return rows[run_id]
 
         def newest_pair() -> tuple[str, str, str, str, list[tuple[PromptRow, PromptRow]]]:

@@ -189,19 +189,21 @@ def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: O
     FAILED). -> the parents' run ids."""
     from dflash import tracking
     from dflash.report import console, sweep
+    from dflash.report.pairs import RunIdentity
 
     parents = tracking.sweep_parents(uri, sweep_id)
     for parent in parents:
         kids = parent.children
         values = swept_values([k.overrides for k in kids])
-        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, k.tags) for k, v in zip(kids, values)]
+        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, RunIdentity(k.identity.target_identity, k.identity.dtype),
+                                     k.prompt_lookup_tau) for k, v in zip(kids, values)]
         table = sweep.sweep_table(children) if children else []
         bad_jobs = sorted({int(r["job"]) for r in failed} | {k.job for k in kids if k.status != "FINISHED"})
         final = status or ("FAILED" if bad_jobs else "FINISHED")
         fails = [f"job {r['job']} ({r.get('label') or ' '.join(r['overrides'])}): {r['error']}" for r in failed]
-        tags = {"dflash.jobs": f"{len(kids)} children, {len(bad_jobs)} failed", "dflash.failed_jobs": "; ".join(fails) or None}
+        tags = {tracking.JOBS_TAG: f"{len(kids)} children, {len(bad_jobs)} failed", tracking.FAILED_JOBS_TAG: "; ".join(fails) or None}
         if final != "FINISHED" and reason:
-            tags["dflash.killed" if final == "KILLED" else "error"] = reason
+            tags[tracking.KILLED_TAG if final == "KILLED" else tracking.ERROR_TAG] = reason
         best = sweep.best(table)
         files = sweep.sweep_artifacts(children, title=parent.name) if children else {}
         note = console.sweep_markdown(parent.name, table, fails, final, reason)
@@ -234,7 +236,8 @@ class SweepCallback(_sweep_callback_base()):
                 from dflash import tracking
 
                 target = OmegaConf.select(config, "target.name", default="target")
-                tracking.open_sweep(uri, experiment_name(config.tracking, target), info, config.tracking.artifact_location)
+                tracking.open_parent(uri, experiment_name(config.tracking, target), tracking.SweepFamily(info.id, info.name, info.dir),
+                                     config.tracking.artifact_location)
         except UserError as e:
             report_error(e)
             sys.exit(exit_code(e))

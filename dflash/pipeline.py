@@ -2,7 +2,7 @@
 
 `run(cfg)` takes the typed config (`dflash.config.schema.EvalConfig`) and returns an `EvalResult`: plain
 typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
-itself (dflash.util.progress) and is timed (`EvalResult.timings`, seconds) so the README can report
+itself (dflash.util.progress) and is timed (`EvalResult.timings`, seconds) so a run can report
 where time goes.
 """
 
@@ -10,28 +10,30 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
-from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, TemplateConfig
+from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig
 from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
-from dflash.models.drafter_config import DrafterConfig, effective_config
+from dflash.models.drafter_config import effective_config
+from dflash.models.formats import share_equal
 from dflash.models.kernels import linear_attention_kernel
 from dflash.models.target import Target, TargetInfo, inspect_target, load_target
-from dflash.report.samples import sample_record
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
-from dflash.stages.prompts import Prompt, load_prompts, render, round_robin
-from dflash.stages.references import ReferenceOptions, check_references, get_references
+from dflash.stages.prompt_lookup import PromptLookup, lookup_replay, yardstick
+from dflash.stages.prompts import Prompt, load_prompts, render
+from dflash.stages.references import ReferenceOptions, ReferenceStats, check_references, drop_references, get_references
 from dflash.stages.replay import ReplayOptions, prepare, replay_group
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
+from dflash.stages.run_checks import check_measured, prompt_format, thinking_warning, window_warning
 from dflash.stages.served import served_metrics
 from dflash.stages.turns import expand, references_in_rounds, turn_of
-from dflash.util.errors import ConfigError, PromptError, ReferenceError
+from dflash.util.errors import ConfigError, PromptError
 from dflash.util.progress import Progress, log
 
 
@@ -77,33 +79,50 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
             )
 
 
-def read_drafter_conf(cfg: EvalConfig) -> DrafterSource:
-    """The drafter read and checked without the target (dflash.models.checkpoint's phase 1)."""
+def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource:
+    """The drafter read and checked without the target (dflash.models.checkpoint's phase 1); `step`: that
+    step of a training run (else drafter.step, a single step or null for the latest)."""
     d, t = cfg.drafter, cfg.target
+    step = step if step is not None else (d.step if isinstance(d.step, int) else None)
     if d.sliding_window not in SLIDING_WINDOW:
         raise ConfigError(f"drafter.sliding_window={d.sliding_window!r}: use one of {SLIDING_WINDOW}")
     overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
     if d.kind == "init":  # shape the random drafter by the target config's defaults
         overrides["mask_token_id"] = d.mask_token_id if d.mask_token_id is not None else t.mask_token_id
         overrides["target_layer_ids"] = d.target_layer_ids or t.default_taps
-    return read_drafter(d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=d.step, path=d.path, overrides=overrides,
+    return read_drafter(d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=step, path=d.path, overrides=overrides,
                         init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed})
 
 
+def load_target_for(plan: "Plan", timings: dict[str, float]) -> Target:
+    """The target's weights (after `inspect_target`), on the plan's device and dtype."""
+    cfg = plan.cfg
+    with timed(timings, "load_target"):
+        target = load_target(plan.info, dtype=plan.dtype, device=plan.device, attn=cfg.attention.target, cache_dir=cfg.cache_dir,
+                             device_map=cfg.device.device_map)
+    if (kernel := linear_attention_kernel(target.model)) is not None:
+        log.info("target: Gated DeltaNet layers run %s", kernel)
+    return target
+
+
+def build_beside(target: Target, src: DrafterSource, sliding_window: str, timings: dict[str, float]) -> LoadedDrafter:
+    """The drafter (read and fitted) built beside the target's last layers, in its dtype."""
+    with timed(timings, "load_drafter"):
+        drafter = build_drafter(src, sliding_window, device=target.head_device, dtype=target.dtype)
+        drafter.model.eval().requires_grad_(False)
+        for note in share_equal(drafter.model, target):  # an own embedding / LM head equal to the target's: the target's (vLLM)
+            log.info("drafter %s", note)
+    log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
+    return drafter
+
+
 def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], src: DrafterSource | None = None) -> tuple[Target, LoadedDrafter]:
-    """The target's weights (after `inspect_target`), then the drafter (`src`: read and fitted to
-    `info` already, else here) built beside the target's last layers."""
+    """The target's weights and the drafter (`src`: read and fitted to `info` already, else here), outside a plan (the benches)."""
     device, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     src = src or fit_drafter(read_drafter_conf(cfg), info)
     with timed(timings, "load_target"):
         target = load_target(info, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir, device_map=cfg.device.device_map)
-    with timed(timings, "load_drafter"):
-        drafter = build_drafter(src, cfg.drafter.sliding_window, device=target.head_device, dtype=target.dtype)  # beside the last layers
-        drafter.model.eval().requires_grad_(False)
-    log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
-    if (kernel := linear_attention_kernel(target.model)) is not None:
-        log.info("target: Gated DeltaNet layers run %s", kernel)
-    return target, drafter
+    return target, build_beside(target, src, cfg.drafter.sliding_window, timings)
 
 
 def render_checked(cfg: EvalConfig, info: TargetInfo, prompts: list[Prompt]) -> list[list[int]]:
@@ -132,7 +151,7 @@ def _default_name(d: DrafterSchema) -> str:
 
 def run_name(d: DrafterSchema, step: int | None = None) -> str:
     name = d.name or _default_name(d)
-    step = step if step is not None else d.step
+    step = step if step is not None else (d.step if isinstance(d.step, int) else None)
     if d.kind == "init":
         return f"{name}@seed_{d.seed}"
     return f"{name}@step_{step}" if step is not None else f"{name}@latest"
@@ -178,52 +197,98 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     return out
 
 
-def check_measured(results: list[PromptResult], source: str) -> list[str]:
-    """Prompts whose replay made no verify step measured nothing: all of them is an error (exit 2, the
-    run ends FAILED), some a warning naming them. -> the warnings."""
-    empty = [r for r in results if r.counters.steps == 0]
-    if not empty:
-        return []
-    named = ", ".join(f"{r.prompt.id} ({len(r.reference)} new token{'' if len(r.reference) == 1 else 's'})" for r in empty[:5])
-    what = (f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the first new token "
-            "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)")
-    if len(empty) == len(results):
-        raise ReferenceError(f"nothing was measured: {what}. Check the references (references={source}: does the server stop at once, "
-                             "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens")
-    log.warning("%s; they count in no ratio", what)
-    return [f"{what}; they count in no ratio"]
+@dataclass
+class Plan:
+    """What an evaluation resolves before any weights load: device and dtype, the target's config and
+    tokenizer, the prompts and their first-round ids, the references' plan, warnings. Made once; a
+    training run's steps (dflash.series) all run under one plan."""
+
+    cfg: EvalConfig
+    device: str
+    dtype: str
+    info: TargetInfo
+    prompts: list[Prompt]
+    ids: list[list[int]]  # the first round's rendered ids
+    ref_opts: ReferenceOptions
+    ref_plan: Any
+    warnings: list[str]
+
+    @property
+    def max_len(self) -> int:
+        """The longest first-round sequence (prompt + new tokens): what a drafter's rope must reach."""
+        return max(map(len, self.ids)) + self.cfg.prompts.max_new_tokens
+
+    def drafter(self, src: DrafterSource) -> DrafterSource:
+        """A drafter read (phase 1) fitted to this plan's target (phase 2)."""
+        return fit_drafter(src, self.info, self.max_len)
+
+
+@dataclass
+class Prepared:
+    """What every drafter evaluated under one plan shares: the loaded target and the references (all rounds)."""
+
+    plan: Plan
+    target: Target
+    prompts: list[Prompt]
+    ids: list[list[int]]
+    refs: list[list[int]]
+    ref_stats: ReferenceStats
+
+
+def plan(cfg: EvalConfig) -> Plan:
+    """The cheap checks (no weights): device, target config and tokenizer, prompts, references' plan."""
+    device, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
+    t, pc = cfg.target, cfg.prompts
+    info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
+    prompts, ids = load_prompt_ids(cfg, info)
+    first = [p for p in prompts if turn_of(p) == 1]
+    ref_opts = ReferenceOptions(**vars(cfg.references))  # the references.* fields, one typed object passed whole
+    ref_plan = check_references(info, ids, pc.max_new_tokens, vars(t.template), cfg.cache_dir, dtype, [p.id for p in first], options=ref_opts)
+    return Plan(cfg, device, dtype, info, prompts, ids, ref_opts, ref_plan, thinking_warning(cfg))
+
+
+def prepare_run(p: Plan, timings: dict[str, float]) -> Prepared:
+    """The target loaded, then its references (multi-turn prompts in rounds, dflash.stages.turns)."""
+    cfg, pc, tmpl = p.cfg, p.cfg.prompts, vars(p.cfg.target.template)
+    target = load_target_for(p, timings)
+    first = [q for q in p.prompts if turn_of(q) == 1]
+
+    def references(ps: list[Prompt], xs: list[list[int]]):
+        return get_references(target, xs, pc.max_new_tokens, tmpl, cfg.cache_dir, names=[q.id for q in ps], server=p.ref_plan.server,
+                              options=p.ref_opts)
+
+    with timed(timings, "references"):
+        refs1, stats1 = references(first, p.ids)
+        prompts, ids, refs, ref_stats = references_in_rounds(p.prompts, target.tokenizer, lambda q: render_checked(cfg, p.info, [q])[0],
+                                                             references, first=(p.ids, refs1, stats1))
+    if ref_stats.setup_s is not None:
+        timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
+    return Prepared(p, target, prompts, ids, refs, ref_stats)
 
 
 def run(cfg: EvalConfig) -> EvalResult:
+    """One drafter: plan (the drafter read first: cheap checks fail before anything loads), prepare, evaluate."""
     timings: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
-    _, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
-    pc, rc, tmpl = cfg.prompts, cfg.references, vars(cfg.target.template)
-    # cheap checks first: everything that needs no target weights
+    resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     with timed(timings, "prepare"):
         src = read_drafter_conf(cfg)  # config and weights checked: no target needed
-        t = cfg.target
-        info = inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context)
-        prompts, ids = load_prompt_ids(cfg, info)
-        src = fit_drafter(src, info, max(map(len, ids)) + pc.max_new_tokens)  # taps, mask token, shapes vs the target (first round)
-        first = [p for p in prompts if turn_of(p) == 1]
-        ref_opts = ReferenceOptions(**vars(rc))  # the references.* fields, one typed object passed whole
-        ref_plan = check_references(info, ids, pc.max_new_tokens, tmpl, cfg.cache_dir, dtype, [p.id for p in first], options=ref_opts)
-        warn = thinking_warning(cfg)
-    target, drafter = load_models(cfg, info, timings, src)
+        p = plan(cfg)
+        src = p.drafter(src)  # taps, mask token, shapes vs the target (first round)
+    return evaluate_drafter(prepare_run(p, timings), src, timings)
+
+
+def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, float] | None = None) -> EvalResult:
+    """One drafter (read and fitted to the plan's target) built, replayed over the prepared references, measured."""
+    timings = {} if timings is None else timings
+    cfg, target, rc = prep.plan.cfg, prep.target, prep.plan.cfg.references
+    torch.manual_seed(cfg.seed)
+    drafter = build_beside(target, src, cfg.drafter.sliding_window, timings)
     del src  # its weights are the module's now
-
-    def references(ps: list[Prompt], xs: list[list[int]]):
-        return get_references(target, xs, pc.max_new_tokens, tmpl, cfg.cache_dir, names=[p.id for p in ps], server=ref_plan.server, options=ref_opts)
-
-    with timed(timings, "references"):
-        refs1, stats1 = references(first, ids)
-        prompts, ids, refs, ref_stats = references_in_rounds(prompts, target.tokenizer, lambda p: render_checked(cfg, info, [p])[0], references,
-                                                             first=(ids, refs1, stats1))
-    if ref_stats.setup_s is not None:
-        timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
-    results = replay_prompts(cfg, target, drafter, prompts, ids, refs, timings)
-    unmeasured = check_measured(results, rc.source)
+    prompts, ref_stats = prep.prompts, prep.ref_stats
+    results = replay_prompts(cfg, target, drafter, prompts, prep.ids, prep.refs, timings)
+    unmeasured = check_measured(results, rc.source, lambda ps: drop_references(ref_stats, ps))
+    lookup = prompt_lookup(cfg.prompt_lookup, results, timings) if cfg.prompt_lookup.enabled else None
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
@@ -248,41 +313,15 @@ def run(cfg: EvalConfig) -> EvalResult:
         prompt_format=prompt_format(cfg.target.template),
     )
     window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))
-    shown = {p.id for p in round_robin(prompts, cfg.num_samples)} if cfg.num_samples > 0 else set()
-    samples = [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, target.tokenizer) for r in results if r.prompt.id in shown]
-    return EvalResult(metrics, curves, results, total, samples, timings, info, drafter.warnings + ref_stats.warnings + warn + window + unmeasured)
+    warnings = drafter.warnings + ref_stats.warnings + prep.plan.warnings + window + unmeasured
+    return EvalResult(metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer, prompt_lookup=lookup)
 
 
-def prompt_format(t: TemplateConfig) -> str:
-    """target.template in words, as the summary prints it: the thinking mode is explicit (DFLASH.md §3, §7)."""
-    if not t.use_chat_template:
-        return "no chat template" + (", system prompt set" if t.system_prompt else "")
-    return f"chat template, thinking {'on' if t.enable_thinking else 'off'}" + (", system prompt set" if t.system_prompt else "")
-
-
-def window_warning(dc: DrafterConfig, mode: str, longest: int) -> list[str]:
-    """A warning when sequences outgrow the drafter's sliding window: there SGLang (window applied) and z-lab's
-    sdpa / eager loop (window ignored) draft differently, and the τ measured follows drafter.sliding_window (DFLASH.md §6)."""
-    w = dc.sliding_window
-    if w is None or "sliding_attention" not in dc.layer_types or longest <= w:
-        return []
-    msg = (f"sequences reach {longest} tokens, past the drafter's sliding window of {w}: drafter.sliding_window={mode} "
-           f"{'applies it, as SGLang serves the drafter' if mode == 'apply' else 'ignores it, as z-lab sdpa / eager loop does'}; "
-           f"with drafter.sliding_window={'ignore' if mode == 'apply' else 'apply'} τ differs on these sequences (DFLASH.md §6)")
-    log.warning(msg)
-    return [msg]
-
-
-PUBLIC_NO_THINKING = ("qwen3-4b-dflash", "qwen3-8b-dflash")  # z-lab trained these without thinking traces (DFLASH.md §7)
-
-
-def thinking_warning(cfg: EvalConfig) -> list[str]:
-    """A warning when a Qwen3-4B/8B public drafter is evaluated with target.template.enable_thinking=true."""
-    d = cfg.drafter
-    names = " ".join(str(x).lower() for x in (d.name, d.path, d.run_dir) if x)
-    if not cfg.target.template.enable_thinking or not any(n in names for n in PUBLIC_NO_THINKING):
-        return []
-    w = ("target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter: z-lab trained these without thinking traces and "
-         "publishes their τ with thinking off; this τ is not comparable (set target.template.enable_thinking=false)")
-    log.warning(w)
-    return [w]
+def prompt_lookup(pl: PromptLookupConfig, results: list[PromptResult], timings: dict[str, float]) -> PromptLookup:
+    """The yardstick: prompt lookup replayed on every prompt's reference at the drafter's block size."""
+    with timed(timings, "prompt_lookup"):
+        B = results[0].counters.block_size
+        lookup = [lookup_replay(r.prompt_ids, r.reference, B, pl.min, pl.max) for r in results]
+        y = yardstick([r.counters for r in results], lookup, pl.min, pl.max)
+    log.info("prompt lookup (n-gram, n %d..%d, %d drafted): τ %s", pl.min, pl.max, B - 1, "-" if y.tau is None else f"{y.tau:.3f}")
+    return y

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dflash import train as T
 from dflash.models.target import Target
 from dflash.stages.references import greedy_generate
-from dflash.train.data import Sequence
+from dflash.train.data import TrainSeq
 from dflash.util.progress import configure
 
 configure()  # the trainer's progress lines on stderr
@@ -28,7 +28,7 @@ torch.backends.cuda.matmul.allow_tf32 = True
 tgt = Target(model=m, tokenizer=None, identity="bench", source="bench", max_context=8192)
 g = torch.Generator().manual_seed(0)
 seqs = [
-    Sequence(ids=torch.randint(3, 49152, (int(torch.randint(200, 512, (1,), generator=g)),), generator=g).tolist(), prompt_len=60)
+    TrainSeq(ids=torch.randint(3, 49152, (int(torch.randint(200, 512, (1,), generator=g)),), generator=g).tolist(), prompt_len=60)
     for _ in range(bs * 8)
 ]
 cfg = OmegaConf.merge(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How the shipped drafters were trained: the lent H200 (device tool, README "Training"), in phases,
+# How the shipped drafters were trained: the lent H200 (device tool, docs/training.md), in phases,
 # one per device call, since one call carries at most 64 MiB and runs at most 10 minutes.
 #   setup  install the carried wheels (.whl), keep the GGUF part(s) carried (.gguf/p_aa, p_ab), restore
 #          a carried state (.gpu/state/state.tgz: data cache and checkpoint.pt, from PACK_STATE=1)

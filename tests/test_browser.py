@@ -7,7 +7,9 @@ MLflow server serves it on a free localhost port; Debian's `chromium`, driven by
 what is on screen. Skipped where chromium or playwright is missing; `.ci/run` installs both.
 
 `DFLASH_SCREENSHOT=docs/mlflow-ui.png` also saves the samples page, in MLflow's artifact view,
-as the README's screenshot.
+as the README's screenshot. A second store holds `drafter.step=all` on the shipped fixed run: its parent's
+first chart shows τ and the trainer's accuracy by training step
+(`DFLASH_TRAINING_SCREENSHOT=docs/training-run-chart.png` saves that chart for docs/training-runs.md).
 
 The runs table and the chart view are opened through the saved view that dflash.tracking stores on
 the experiment (`viewStateShareKey=dflash`): τ as a column, τ and the per-position curves as the first charts.
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,19 +57,10 @@ def _evaluate(tmp: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-@pytest.fixture(scope="module")
-def ui(tmp_path_factory):
-    """-> (base url, experiment, run, MlflowClient, browser context), all torn down after the module."""
-    if not CHROMIUM:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+@contextmanager
+def _served(tmp: Path):
+    """`mlflow server` on the temp store and a headless Chromium context -> (base url, browser context)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
-    from mlflow.tracking import MlflowClient
-
-    tmp = tmp_path_factory.mktemp("ui")
-    _evaluate(tmp)
-    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
-    (run,) = client.search_runs([exp.experiment_id])
     port = _free_port()
     log = open(tmp / "server.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
@@ -89,12 +83,50 @@ def ui(tmp_path_factory):
             # the assistant panel opens itself on a first visit and hides half the page
             ctx.add_init_script("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')")
             ctx.set_default_timeout(60_000)
-            yield base, exp, run, client, ctx
+            yield base, ctx
             ctx.close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker: the group started above
         server.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    """-> (base url, experiment, run, MlflowClient, browser context), all torn down after the module."""
+    if not CHROMIUM:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    from mlflow.tracking import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("ui")
+    _evaluate(tmp)
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
+    (run,) = client.search_runs([exp.experiment_id])
+    with _served(tmp) as (base, ctx):
+        yield base, exp, run, client, ctx
+
+
+@pytest.fixture(scope="module")
+def training_ui(tmp_path_factory):
+    """`drafter.step=all` on the shipped fixed run (its metrics.jsonl beside it) served -> (base url, experiment, parent, client, context)."""
+    if not CHROMIUM:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    from dflash import tracking
+
+    tmp = tmp_path_factory.mktemp("training_ui")
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), "drafter.step=all", "prompts.num_prompts=2", "prompts.max_new_tokens=24",
+           f"hydra.run.dir={tmp}/out"]
+    r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    client = tracking.mlflow_client(f"sqlite:///{tmp}/mlflow.db")
+    (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
+    (parent,) = [x for x in client.search_runs([exp.experiment_id]) if x.data.tags.get(tracking.ROLE_TAG) == tracking.TRAINING_RUN]
+    with _served(tmp) as (base, ctx):
+        yield base, exp, parent, client, ctx
 
 
 def _open(ctx, url: str):
@@ -209,4 +241,25 @@ def test_samples_page_renders_its_colours_and_runs_no_prompt_script(ui):
     if os.environ.get("DFLASH_SCREENSHOT"):
         page.wait_for_timeout(1000)
         page.screenshot(path=os.environ["DFLASH_SCREENSHOT"])
+    page.close()
+
+
+def test_a_training_run_shows_tau_and_training_accuracy_by_step_on_one_chart(training_ui):
+    """The training-run view's first chart: the parent's τ (at steps 1633, 5037) and the trainer's accuracy (train/acc,
+    from checkpoints/fixed/metrics.jsonl) on one chart, x = training step."""
+    from dflash import tracking
+
+    base, exp, parent, client, ctx = training_ui
+    assert sorted(m.step for m in client.get_metric_history(parent.info.run_id, "acceptance_length")) == [1633, 5037]
+    assert len(client.get_metric_history(parent.info.run_id, "train/acc")) > 10
+    page = _open(ctx, tracking.training_view_url(exp.experiment_id, base))
+    card = page.locator("[data-testid=experiment-view-compare-runs-card]").first
+    card.wait_for()
+    card.locator("path.js-line").first.wait_for(state="attached")
+    page.wait_for_timeout(2000)
+    text = card.inner_text()
+    assert "acceptance_length" in text and "train/acc" in text, text
+    assert card.locator("path.js-line").count() >= 2  # a line per metric
+    if os.environ.get("DFLASH_TRAINING_SCREENSHOT"):
+        card.screenshot(path=os.environ["DFLASH_TRAINING_SCREENSHOT"])
     page.close()

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dflash.report.compare import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
+from dflash.report.pairs import CompareError, RunIdentity, align, compare, compare_artifacts, render, rows_of
 from dflash.report.sweep import Child, best, position_curve, sweep_artifacts, sweep_table, swept_values
 from dflash.stages.metrics import PromptRow, paired_ratio_diff, ratio_se
 
@@ -89,14 +89,14 @@ def test_a_run_that_does_not_say_its_target_or_dtype_is_refused():
     """A run without the target_identity or dtype tag (logged before they existed, or otherwise) cannot be checked: refused,
     whichever side lacks it, both included."""
     a = _rows(3)
-    untagged = RunIdentity.from_tags({})
+    untagged = RunIdentity()
     with pytest.raises(CompareError, match="run B has no target_identity tag .* cannot be checked; evaluate it again"):
         align(a, a, ID, untagged)
     with pytest.raises(CompareError, match="run A has no dtype tag"):
-        align(a, a, RunIdentity.from_tags({"target_identity": ID.target}), ID)
+        align(a, a, RunIdentity(target=ID.target), ID)
     with pytest.raises(CompareError, match="runs A and B have no target_identity tag .* evaluate them again"):
         align(a, a, untagged, untagged)
-    assert len(align(a, a, RunIdentity.from_tags(TAGS), ID)) == len(a)
+    assert len(align(a, a, RunIdentity(TAGS["target_identity"], TAGS["dtype"]), ID)) == len(a)
     with pytest.raises(CompareError, match="evaluate it again"):
         rows_of([{k: v for k, v in r.items() if k != "reference_digest"} for r in _dicts(3)])
 
@@ -173,7 +173,7 @@ def test_sweep_leaves_out_of_the_pairing_a_child_over_other_references_and_says_
     other_ref = [dataclasses.replace(r, reference_digest="other") if r.id == "p4" else r for r in _rows(4, shift=0.1)]
     kids = [_kid("a@step_1", "id1", {"drafter.step": "1"}, base), _kid("a@step_2", "id2", {"drafter.step": "2"}, other_ref),
             dataclasses.replace(_kid("a@step_3", "id3", {"drafter.step": "3"}, _rows(4)), identity=RunIdentity(ID.target, "bfloat16")),
-            Child.read("a@step_4", "id4", {"drafter.step": "4"}, _dicts(4), {}, {}),  # logged without the tags
+            Child.read("a@step_4", "id4", {"drafter.step": "4"}, _dicts(4), {}, RunIdentity()),  # logged without the tags
             _kid("a@step_5", "id5", {"drafter.step": "5"}, _rows(4, shift=0.1))]
     t = sweep_table(kids)
     assert [r.tau is not None for r in t] == [True] * 5
@@ -196,7 +196,7 @@ def test_sweep_artifacts_plot_against_the_swept_number():
     table = _csv(files["sweep/children.csv"])
     assert [r["run"] for r in table] == ["a@step_1633", "a@step_5037"]
     assert list(table[0]) == ["run", "drafter.step", "tau", "tau_se", "num_prompts", "dataset", "published_tau", "published_setting_differs",
-                              "tau/x", "tau/y", "delta_tau", "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id"]
+                              "prompt_lookup_tau", "tau/x", "tau/y", "delta_tau", "delta_tau_se", "delta_tau_z", "paired_against", "note", "run_id"]
     assert all(_is_png(files[k]) for k in ("sweep/tau.png", "sweep/per_position.png"))
     # rows with accepted_at_pos give the cumulative acceptance; drafter choices are categories
     with_acc = _rows(7)
@@ -287,3 +287,25 @@ def test_published_tau_beside_a_run_in_another_setting_says_what_differs():
     assert "**Published τ measured in another setting**" in md and "- short: max_new_tokens 256 (published: 2048)" in md
     mine = sweep_table([_kid("mine", "i3", {"x": "1"}, _rows(4), {**other, "drafter.path": "/ckpts/mine"})])
     assert mine[0].published_tau is None and mine[0].published_differs == ""  # nothing published: nothing to differ from
+
+
+def test_the_yardstick_is_shown_once_where_children_share_it_and_per_child_where_they_differ():
+    """Prompt lookup's τ depends on the references and the block size only: one line under the sweep's table when
+    every child that logged it has the same, a column when they differ; never a best child."""
+    from dflash.report.console import sweep_markdown
+    from dflash.report.sweep import yardstick_once
+
+    def kid(i, lookup):
+        return dataclasses.replace(_kid(f"a@step_{i}", f"id{i}", {"drafter.step": str(i)}, _rows(4, shift=0.1 * i)), prompt_lookup_tau=lookup)
+
+    same = sweep_table([kid(1, 1.25), kid(2, 1.25), kid(3, None)])  # the third logged none (an older run)
+    assert yardstick_once(same) == 1.25 and best(same).run == "a@step_3"
+    md = sweep_markdown("sweep", same, [], "FINISHED")
+    assert md.count("1.250") == 1 and "Prompt lookup (the yardstick" in md and "prompt lookup τ |" not in md
+    differ = sweep_table([kid(1, 1.25), kid(2, 1.5)])  # e.g. swept block sizes
+    assert yardstick_once(differ) is None
+    md = sweep_markdown("sweep", differ, [], "FINISHED")
+    assert "| prompt lookup τ |" in md.splitlines()[2] and md.count("| 1.250 |") == 1 and md.count("| 1.500 |") == 1
+    assert "Prompt lookup (the yardstick" not in md and _csv(sweep_artifacts([kid(1, 1.25)])["sweep/children.csv"])[0]["prompt_lookup_tau"] == "1.25"
+    none = sweep_table([kid(1, None)])
+    assert yardstick_once(none) is None and "rompt lookup" not in sweep_markdown("s", none, [], "FINISHED")

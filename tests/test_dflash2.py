@@ -228,3 +228,36 @@ def test_bad_dflash2_drafter_exits_2_naming_it(tmp_path, broken_target):  # noqa
                           (write_dflash2(tmp_path / "t", sd=sd), "candidate_selector.successor_codebook")):
         r = _evaluate(tmp_path, broken_target, folder)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+# --- other formats' fields on a DFlash2 drafter (docs/dflash2.md) -----------------------------------
+
+
+def _d2(tmp_path: Path, name: str, target, sd: dict | None = None, **kw) -> DFlashDrafter:
+    return build_drafter(fit_drafter(read_drafter("hf", "x", path=str(write_dflash2(tmp_path / name, sd=sd, **kw))), target)).model
+
+
+def test_own_lm_head_and_logit_scale_reach_the_unary_logits(tmp_path, qwen3_target):
+    """The unary logits are the drafter's (`DFlashDrafter.logits`): an own LM head whose row j is the target's
+    row perm[j] permutes the unary argmax; logit_scale 8 with output_multiplier 1/8 walks as neither does."""
+    sd = dflash2_weights(weights())
+    sd["candidate_selector.successor_codebook"] *= 0.01  # the walk's bilinear term comparable to the unary gaps: the scale matters
+    ref = _d2(tmp_path, "ref", qwen3_target, sd=sd)
+    W = qwen3_target.model.get_output_embeddings().weight.detach()
+    perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))
+    own = _d2(tmp_path, "own", qwen3_target, sd={**sd, "lm_head.weight": W[perm]})
+    scaled = _d2(tmp_path, "scaled", qwen3_target, sd=sd, dflash={"output_multiplier": 0.125}, top={"logit_scale": 8.0})
+    half = _d2(tmp_path, "half", qwen3_target, sd=sd, dflash={"output_multiplier": 0.125})
+    h, anchor = torch.randn(4, 3, H, generator=torch.Generator().manual_seed(1)), torch.tensor([7, 8, 9, 10])
+    p_ref, p_own, p_scaled, p_half = (propose(m, qwen3_target.lm_head, h, anchor) for m in (ref, own, scaled, half))
+    assert own.lm_head is not None and torch.equal(perm[p_own.unary], p_ref.unary)
+    assert torch.equal(p_scaled.tokens, p_ref.tokens) and torch.equal(p_scaled.topk, p_ref.topk)
+    assert not torch.equal(p_half.tokens, p_ref.tokens)  # the multiplier alone walks otherwise: logit_scale was applied
+    assert not torch.equal(p_ref.tokens, p_ref.unary)  # and the walk is not the unary argmax
+
+
+def test_a_reduced_draft_vocabulary_is_refused_for_dflash2(tmp_path):
+    ids = torch.arange(0, VOCAB, 4)
+    sd = {**dflash2_weights(weights()), "lm_head.weight": torch.randn(len(ids), H), "d2t": ids - torch.arange(len(ids))}
+    with pytest.raises(CheckpointError, match=r"draft_vocab_size=64 < vocab_size=256 in a DFlash2DraftModel"):
+        read_drafter("hf", "x", path=str(write_dflash2(tmp_path / "d", sd=sd, top={"draft_vocab_size": len(ids)})))

@@ -10,17 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import loop_counters
+from shortcuts import evaluate_sequence, load_drafter
 from test_dflash2 import dflash2_weights, make_dflash2
 from test_online import hf_greedy
 
-from dflash.models.checkpoint import load_drafter
 from dflash.models.dflash2_config import DFlash2Config
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.forward import tapped_forward
 from dflash.models.target import load_target
 from dflash.online.speculative import speculative_generate
 from dflash.stages.prompts import load_prompts, render
-from dflash.stages.replay import evaluate_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from test_dflash2 import make_dflash2
 
 from dflash.models.forward import tapped_forward
 from dflash.stages.metrics import Counters, count_step, position_curves, summarize, topk_recall, unary_accuracy
-from dflash.stages.replay import ReplayOptions, Sequence, draft_anchors, prepare, replay, replay_group, teacher_forced
+from dflash.stages.replay import ReplayOptions, ReplaySeq, draft_anchors, prepare, replay, replay_group, teacher_forced
 
 B = 6
 
@@ -26,7 +26,7 @@ def mixed_reference(target, drafter, prompt: list[int], n_new: int, seed: int) -
     while len(seq) < len(prompt) + n_new:
         ext = seq + [0]
         taps = tapped_forward(target, torch.tensor([ext]), drafter.cfg.target_layer_ids)[0]
-        s = Sequence(torch.tensor(ext), len(seq) - 1, drafter.context_kv(taps[None]))
+        s = ReplaySeq(torch.tensor(ext), len(seq) - 1, drafter.context_kv(taps[None]))
         d = draft_anchors(drafter, target, s, torch.tensor([len(seq) - 1]), ReplayOptions())
         prop = (d.tokens if rng.random() < 0.5 else d.unary)[0].tolist()
         m = rng.randrange(B)

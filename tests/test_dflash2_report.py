@@ -17,7 +17,8 @@ from test_samples import _run, byte_tok, ids, parse  # noqa: F401 (fixture)
 from dflash.report.plots import position_curves_png
 from dflash.report.samples import sample_record, samples_html
 from dflash.stages.metrics import Counters, count_step, position_curves, summarize
-from dflash.tracking import DFLASH2_SPECFORGE
+from dflash.tracking import DFLASH2_SPECFORGE, series_point
+from dflash.tracking.record import SELECTOR_GAIN, TAU_UNARY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,10 +54,27 @@ def test_mlflow_names_are_the_summary_and_curve_names():
     assert not ({"acceptance_length_unary", "selector_gain", "by_position/topk_recall", "by_position/unary_accuracy"} & dflash)
 
 
+def test_a_training_run_curves_carry_the_unary_tau_gain_and_recall():
+    """A DFlash2 child's point on its training run's curves: the unary τ, the selector's gain, and per slot the
+    unary accuracy and top-k recall beside the accuracy (none of them for a DFlash child)."""
+    c = Counters(block_size=4, selector=True)
+    count_step(c, 1, 2)
+    c.unary_steps, c.unary_committed = 1, 1
+    c.tf_total, c.tf_correct, c.tf_unary_correct, c.tf_topk_hit = [2, 2, 2], [1, 1, 0], [1, 0, 0], [2, 1, 1]
+    point = series_point(summarize([("s", c)]), position_curves(c))
+    assert {TAU_UNARY, SELECTOR_GAIN, "expected_acceptance_length_topk"} <= set(point)
+    assert [point[f"topk_recall/slot_{k}"] for k in (1, 2, 3)] == [1.0, 0.5, 0.5]
+    assert [point[f"unary_accuracy/slot_{k}"] for k in (1, 2, 3)] == [0.5, 0.0, 0.0] and point["accuracy/slot_1"] == 0.5
+    plain = Counters(block_size=4)
+    count_step(plain, 1, 2)
+    assert not any("unary" in k or "recall" in k or "selector" in k for k in series_point(summarize([("s", plain)]), position_curves(plain)))
+
+
 @pytest.mark.slow
 def test_evaluate_a_dflash2_folder_end_to_end(smollm2, tmp_path):  # noqa: F811
     """A DFlash2 folder (the shipped drafter with random convolutions and selector), evaluated as a user would."""
-    from dflash.models.checkpoint import load_drafter
+    from shortcuts import load_drafter
+
     from dflash.models.checkpoint_files import save_hf_folder
 
     fixed = ROOT / "checkpoints" / "fixed"

@@ -9,13 +9,12 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
+from shortcuts import evaluate_sequence, load_drafter
 from test_train import seqs, target, tiny_cfg  # noqa: F401 (fixtures)
 
 from dflash import train as T
-from dflash.models.checkpoint import load_drafter
 from dflash.models.dflash2 import BlockConv
 from dflash.models.forward import tapped_forward
-from dflash.stages.replay import evaluate_sequence
 from dflash.train.arch import drafter_config, init_drafter
 from dflash.train.loss import selector_loss
 from dflash.util.errors import ConfigError

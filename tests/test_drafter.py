@@ -216,8 +216,10 @@ def test_unknown_backend_is_refused(qwen3_target, make_drafter):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flex_attention needs CUDA")
-def test_flex_agrees_with_sdpa(qwen3_target, make_drafter):
+@pytest.mark.parametrize("causal", [False, True])  # True: vLLM's dflash_config.causal (docs/formats.md)
+def test_flex_agrees_with_sdpa(qwen3_target, make_drafter, causal):
     drafter = make_drafter(qwen3_target, num_layers=2, block_size=B, seed=1)
+    drafter.causal = [causal] * 2
     taps, emb, anchor = _real_inputs(qwen3_target, drafter, [[2, 7, 15], [4, 9, 11]])
     hs = _run(drafter, taps, emb, anchor, backend="sdpa")
     d = drafter.to("cuda")
@@ -234,8 +236,10 @@ def test_flex_agrees_with_sdpa(qwen3_target, make_drafter):
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
-def test_batched_anchors_equal_single_anchor_forwards(qwen3_target, make_drafter, backend):
+@pytest.mark.parametrize("causal", [False, True])
+def test_batched_anchors_equal_single_anchor_forwards(qwen3_target, make_drafter, backend, causal):
     drafter = make_drafter(qwen3_target, num_layers=2, block_size=B, seed=2, std=0.1)
+    drafter.causal = [causal, False]  # one causal layer beside a bidirectional one
     anchors = [[1, 5, 6, 13, 19], [2, 3, 10, 11, 17]]
     taps, emb, anchor = _real_inputs(qwen3_target, drafter, anchors, T=20)
     batched = _run(drafter, taps, emb, anchor, backend=backend)
@@ -338,7 +342,7 @@ def test_from_hf_without_dflash_config():
 def test_replay_scores_are_the_drafters_own_distribution(qwen3_target, make_drafter):
     """draft_every_anchor's proposal, NLL of the reference token and top-1 probability at every
     anchor equal a single-anchor forward's argmax, -log_softmax[ref] and max softmax."""
-    from dflash.stages.replay import draft_every_anchor
+    from shortcuts import draft_every_anchor
 
     drafter = make_drafter(qwen3_target, num_layers=1, block_size=B, seed=3, std=0.1)
     T, P = 14, 5

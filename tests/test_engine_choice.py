@@ -9,7 +9,7 @@ import pytest
 from dflash.models import kernels
 from dflash.models.generator import choose_compile, decode_steps
 from dflash.stages import generate
-from dflash.stages.references import ReferenceOptions, ReferenceStats, greedy_generate
+from dflash.stages.references import ReferenceOptions, get_references, greedy_generate
 from dflash.util.errors import ConfigError
 
 
@@ -52,7 +52,7 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
     class FakeEngine:
         eng = types.SimpleNamespace(graphs=True, batch=2)
 
-        def __call__(self, prompts):
+        def __call__(self, prompts, on_tokens=None):
             return [[2] for _ in prompts]
 
     def fake(t, b, p, n, compile, *rest):
@@ -61,17 +61,21 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
 
     monkeypatch.setattr(generate, "_static_engine", fake)
     for min_steps, want in ((3, True), (4, False)):
-        stats = ReferenceStats()
-        greedy_generate(qwen3_target, [[5, 6], [7, 8, 9]], 3, batch_size=2, compile="auto", compile_min_steps=min_steps, stats=stats)
+        heard = []
+        greedy_generate(qwen3_target, [[5, 6], [7, 8, 9]], 3, batch_size=2, compile="auto", compile_min_steps=min_steps,
+                        on_engine=lambda label, setup: heard.append((label, setup)))
         assert seen[-1] == (2, want)  # 1 batch of 2 x 3 new tokens = 3 steps
-        assert ("not compiled" in stats.engine) is not want and stats.setup_s is not None
+        ((label, setup),) = heard
+        assert ("not compiled" in label) is not want and setup is not None
     greedy_generate(qwen3_target, [[5]] * 4, 3, batch_size=2, compile="auto", compile_min_steps=6)
     assert seen[-1] == (2, True)  # 2 batches x 3 = 6 steps
 
 
-def test_cpu_references_report_no_engine(qwen3_target):
-    stats = ReferenceStats()
-    greedy_generate(qwen3_target, [[5, 6]], 3, stats=stats, compile="auto")
+def test_cpu_references_report_no_engine(qwen3_target, tmp_path):
+    heard = []
+    greedy_generate(qwen3_target, [[5, 6]], 3, on_engine=lambda label, setup: heard.append((label, setup)), compile="auto")
+    assert heard == [("dynamic cache", None)]
+    _, stats = get_references(qwen3_target, [[5, 6]], 3, {}, tmp_path)  # what the references report of it
     assert stats.engine == "dynamic cache" and stats.setup_s is None
 
 

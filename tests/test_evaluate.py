@@ -51,6 +51,7 @@ def test_default_evaluation_logs_everything(tmp_path):
         assert k in m
     assert not any("/pos_" in k for k in m)  # per-slot values are curves, never scalars under a scalar-looking name
     assert m["acceptance_length"] > 1.0  # the shipped drafter accepts tokens
+    assert m["prompt_lookup/acceptance_length"] >= 1.0 and "prompt_lookup/gain" in m and "prompt lookup (vLLM's ngram" in r.stdout  # the yardstick
     assert run.info.run_name == "fixed@step_5037" and run.data.tags["checkpoint_sha256"]
     from mlflow.tracking import MlflowClient
 

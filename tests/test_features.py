@@ -9,11 +9,12 @@ import os
 
 import pytest
 import torch
+from shortcuts import get_features
 
 from dflash.models.forward import forward, tapped_forward
 from dflash.models.target import load_target
 from dflash.stages import features as F
-from dflash.stages.features import DiskCache, FeatureStats, feature_key, get_features, iter_features
+from dflash.stages.features import DiskCache, FeatureStats, feature_key, iter_features
 from dflash.util.errors import ConfigError, TargetError
 from dflash.util.memo import PROCESS
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MASK_ID
+from shortcuts import load_drafter
 
-from dflash.models.checkpoint import fit_drafter, load_drafter, read_drafter
+from dflash.models.checkpoint import fit_drafter, read_drafter
 from dflash.util.errors import CheckpointError
 
 H, HEADS, KV, D, FFN, LAYERS, B, TAPS = 64, 4, 2, 16, 96, 2, 4, [1, 2, 3]

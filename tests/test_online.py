@@ -18,14 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import MASK_ID, loop_counters
+from shortcuts import evaluate_sequence, load_drafter
 
-from dflash.models.checkpoint import init_config, load_drafter
+from dflash.models.checkpoint import init_config
 from dflash.models.decode import Engine
 from dflash.models.forward import tapped_forward
 from dflash.models.target import Target, load_target
 from dflash.online.speculative import OnlineDecoder, speculative_generate
 from dflash.stages.prompts import load_prompts, render
-from dflash.stages.replay import evaluate_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 9, 11, 4, 7, 3, 12]
@@ -68,6 +68,12 @@ class OracleDrafter(torch.nn.Module):
     def wrong_slot(self, p: int) -> int | None:
         r = random.Random(p).randrange(self.cfg.block_size + 1)
         return r + 1 if r < self.cfg.block_size - 1 else None  # slot 1..B-1, or none wrong
+
+    def embed(self, target_embed, ids):  # the target's embedding and head, as a DFlash drafter without its own
+        return target_embed(ids)
+
+    def logits(self, target_head, h):
+        return target_head(h)
 
     def forward(self, taps, block_emb, anchor_pos, backend="sdpa"):
         B, p = self.cfg.block_size, int(anchor_pos.reshape(-1)[0])

@@ -439,3 +439,25 @@ def test_a_probe_over_no_served_token_leaves_the_agreement_undefined(qwen3_targe
     _probe(qwen3_target, PROMPTS, [[], [], []], 6, {}, tmp_path, ReferenceOptions(source="sglang", probe_prompts=2), NAMES, st)
     assert st.probe_prompts == 2 and st.probe_prefix_agreement is None and st.probe_exact_match == 0.0 and not st.warnings
     assert st.metrics() == {"references/probe_prefix_agreement": None, "references/probe_exact_match": 0.0}
+
+
+def test_an_answer_the_run_refused_is_not_reused_and_the_fixed_server_is_asked_again(qwen3_dir, tmp_path, fake):
+    """A server that stops at once (one token, EOS): nothing is measured, the run fails with exit code 2 and
+    drops those references from the cache; once the server is fixed, the next run asks it again and measures."""
+    from dflash import pipeline
+    from dflash.config.schema import DrafterSchema, EvalConfig, PromptsConfig, ReferencesConfig, TargetConfig
+    from dflash.util.errors import EXIT_USER, UserError
+
+    stop_at_once = json.dumps({"text": "", "output_ids": [EOS], "meta_info": {"finish_reason": {"type": "stop", "matched": EOS}}}).encode()
+    fake.fault = lambda kind, body: (200, "application/json", stop_at_once)
+    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250),
+                     drafter=DrafterSchema(kind="init", num_taps=2), prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
+                     references=ReferencesConfig(source="sglang", url=fake.url), cache_dir=str(tmp_path), num_samples=0)
+    with pytest.raises(ReferenceError, match="nothing was measured: .*their 2 cached references were removed") as e:
+        pipeline.run(cfg)
+    assert isinstance(e.value, UserError) and EXIT_USER == 2  # the entry points exit 2 on a UserError
+    assert len(fake.posts) == 2 and not list((tmp_path / "references").rglob("*.json"))
+    fake.fault = lambda kind, body: None  # the server is fixed
+    res = pipeline.run(cfg)
+    assert len(fake.posts) == 4 and res.info.references.generated == 2  # asked again, not read back from the cache
+    assert [r.reference for r in res.prompts] == [honest(r.prompt_ids, 8) for r in res.prompts] and res.total.steps > 0

@@ -226,3 +226,68 @@ def test_reference_options_are_the_schema_fields_and_keys_stay(tmp_path):
                       "33fc33584f6257b2b4cf5c19f9a0ee0126b8b155c9bf5fc7dd7edc9aaf58bb54"]
     assert sampled == ["7ecc92528c4f08f5ed6b389fc328a6c48ac7151de529307f25ce0c8e8578a5a6",
                        "0674538aae6d30770d0790046e4e030a46fa6b46679f4f62560e9688b7ea36eb"]
+
+
+class FakeClock:
+    """dflash.util.progress's clock, advanced by the test: every decode step takes `step_s` of it."""
+
+    def __init__(self, step_s: float):
+        self.now, self.step_s = 0.0, step_s
+
+    def __call__(self) -> float:
+        return self.now
+
+    def slow(self, fn):
+        def wrapped(*a, **k):
+            self.now += self.step_s
+            return fn(*a, **k)
+
+        return wrapped
+
+
+@pytest.mark.parametrize("path", ["dynamic cache", "static engine"])
+@pytest.mark.parametrize("terminal", [False, True])
+def test_generation_is_never_silent_for_15_s(qwen3_target, monkeypatch, caplog, path, terminal):
+    """Each decode step takes 4 s of a fake clock and every prompt runs long: in a pipe a progress line comes at
+    least every 15 s of it (not one per finished prompt: 48 s of silence), on a terminal the bar moves every step
+    (every `period` steps on the engine: 1 eagerly); the count ends at the tokens decoded."""
+    import logging
+
+    from dflash.models.generator import Generator
+    from dflash.util import progress
+
+    caplog.set_level(logging.INFO, logger="dflash")
+    clock = FakeClock(4.0)
+    monkeypatch.setattr(progress, "clock", clock)
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: terminal)
+    if path == "static engine":
+        monkeypatch.setattr(Generator, "_step", clock.slow(Generator._step))
+        monkeypatch.setattr(generate, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
+    else:
+        monkeypatch.setattr(generate, "forward", clock.slow(generate.forward))
+    lines, moves = [], []
+    update = progress.Progress.update
+    monkeypatch.setattr(progress.Progress, "update", lambda self, n=1, **kw: (moves.append((clock(), self.n + n)), update(self, n, **kw)))
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("generate"):
+                lines.append((clock(), record.getMessage()))
+
+    handler = Lines()
+    progress.log.addHandler(handler)
+    try:
+        out = greedy_generate(qwen3_target, [[5, 9, 11, 4], [7, 3, 6]], 12, 2, sampling=generate.Sampling())
+    finally:
+        progress.log.removeHandler(handler)
+    eos = set(qwen3_target.eos_ids)
+    assert all(len(o) == 12 and not eos & set(o) for o in out)  # both prompts run the whole budget: 11-12 slow steps
+    assert clock.now >= 44
+    if terminal:  # the bar moves at every decode step
+        times = [0.0] + [t for t, _ in moves] + [clock.now]
+        assert max(b - a for a, b in zip(times, times[1:])) <= 4.0
+    else:
+        times = [t for t, _ in lines] + [clock.now]
+        assert lines[0][0] == 0.0 and max(b - a for a, b in zip(times, times[1:])) <= 15.0
+        assert sum(" at " in m for _, m in lines) >= 3 and "tok" in lines[-1][1]
+    assert moves[-1][1] == sum(map(len, out)) == 24

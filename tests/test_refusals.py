@@ -30,7 +30,10 @@ CONFIG_REFUSALS = {  # name: (write_drafter kwargs, words the message must hold)
     "has_embed_tokens": ({"top": {"has_embed_tokens": True}}, "has_embed_tokens=True"),
     "quantization_config": ({"top": {"quantization_config": {"quant_method": "fp8"}}}, "quantization_config="),
     "input_embedding_scale": ({"dflash": {"input_embedding_scale": 2.0}}, "input_embedding_scale=2.0"),
-    "is_causal": ({"top": {"is_causal": True}}, "is_causal=True"),
+    "is_causal on sliding layers": (
+        {"top": {"is_causal": False}, "qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4,
+                                                "use_sliding_window": True}}, "is_causal=False",
+    ),
     "mlp_bias": ({"top": {"mlp_bias": True}}, "mlp_bias=True"),
     "hidden_act": ({"qwen3": {"hidden_act": "gelu"}}, "hidden_act='gelu'"),
     "partial_rotary_factor": ({"top": {"partial_rotary_factor": 0.5}}, "partial_rotary_factor=0.5"),
@@ -61,7 +64,7 @@ def test_config_refusal_names_the_key(tmp_path, case):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"top": {"output_multiplier": 1.0, "final_logit_softcapping": None, "has_embed_tokens": False, "is_causal": None,
+    [{"top": {"output_multiplier": 1.0, "final_logit_softcapping": None, "has_embed_tokens": False, "is_causal": False,
               "rope_is_neox_style": True, "frobnicate": None, "extra_flag": False, "partial_rotary_factor": 1.0}},
      {"dflash": {"conv_kernel_size": None, "input_embedding_scale": 1}}],
 )
@@ -78,8 +81,8 @@ def _tensors(tmp_path, change) -> str:
 
 
 def test_tensors_not_consumed_are_refused_and_listed(tmp_path):
-    msg = _tensors(tmp_path, lambda sd: sd.update({"embed_tokens.weight": torch.zeros(256, 64), "lm_head.weight": torch.zeros(256, 64)}))
-    assert "not consumed" in msg and "'embed_tokens.weight'" in msg and "'lm_head.weight'" in msg
+    msg = _tensors(tmp_path, lambda sd: sd.update({"verifier_norm.weight": torch.zeros(64), "mask_hidden": torch.zeros(64)}))
+    assert "not consumed" in msg and "'verifier_norm.weight'" in msg and "'mask_hidden'" in msg
 
 
 def test_bias_tensors_without_attention_bias(tmp_path):

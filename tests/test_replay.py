@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from shortcuts import evaluate_sequence
 
 from dflash.models.forward import tapped_forward
 from dflash.stages.metrics import (
@@ -19,7 +20,7 @@ from dflash.stages.metrics import (
     ratio_se,
     summarize,
 )
-from dflash.stages.replay import evaluate_sequence, replay, teacher_forced
+from dflash.stages.replay import replay, teacher_forced
 from dflash.util.errors import NumericsError
 
 B = 16

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import loop_counters
+from shortcuts import draft_every_anchor
 
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.forward import tapped_forward
 from dflash.stages.replay import (
     ReplayOptions,
-    draft_every_anchor,
     lazy_greedy,
     prepare,
     replay_group,
@@ -108,7 +108,7 @@ def test_leak_probe_mode_agrees(qwen3_target, cases):
     assert [loop_counters(c) for c, _ in a] == [loop_counters(c) for c, _ in v]
 
 
-def test_lazy_head_reads_only_the_slots_it_needs(qwen3_target):
+def test_lazy_head_reads_only_the_slots_it_needs(qwen3_target, cases):
     torch.manual_seed(0)
     K, H = B - 1, qwen3_target.config.hidden_size
     h = torch.randn(4, K, H)
@@ -122,7 +122,7 @@ def test_lazy_head_reads_only_the_slots_it_needs(qwen3_target):
     counting = lambda x: (rows.append(x.shape[0]), head(x))[1]  # noqa: E731
     qwen3_target.lm_head = counting
     try:
-        props = lazy_greedy(qwen3_target, h, labels)
+        props = lazy_greedy(cases[0][0], qwen3_target, h, labels)
     finally:
         qwen3_target.lm_head = head
     assert props[0] == full[0, :1].tolist()  # groups of 1, 2, 4: slot 1 only

@@ -74,9 +74,10 @@ def test_replay_on_a_sampled_reference_equals_the_online_loop_under_zlabs_rule(q
     """T > 0: the online loop samples each verified slot with the same position-keyed sampler, accepts a
     greedy draft while it equals the sample, commits the sample at the first mismatch. Its output is the
     sampled reference, and the replay on that reference walks the same blocks, step by step."""
+    from shortcuts import evaluate_sequence
+
     from dflash.models.forward import tapped_forward
     from dflash.online.speculative import speculative_generate
-    from dflash.stages.replay import evaluate_sequence
 
     drafter = make_drafter(qwen3_target, block_size=4).float()
     for x in PROMPTS[:2]:

@@ -71,11 +71,9 @@ def test_a_run_logs_what_is_defined_and_records_its_process(uri):
 @pytest.mark.parametrize("exc, status, tag", [(ValueError("boom"), "FAILED", "error"), (KeyboardInterrupt(), "KILLED", "dflash.killed"),
                                               (Terminated("terminated by signal 15"), "KILLED", "dflash.killed")])
 def test_every_exit_ends_the_run_and_a_signal_its_sweep_parent(uri, exc, status, tag):
-    from dflash.entry import SweepInfo
-
-    sweep = SweepInfo("abc123", "sweep drafter.seed=0,1", "/tmp/multi")
+    sweep = tracking.SweepFamily("abc123", "sweep drafter.seed=0,1", "/tmp/multi")
     with pytest.raises(type(exc)):
-        with tracking.Run(uri, "dflash/x", "d@step_1", sweep=sweep) as run:
+        with tracking.Run(uri, "dflash/x", "d@step_1", parent=sweep) as run:
             raise exc
     c = tracking.mlflow_client(uri)
     r, parent = c.get_run(run.run_id), c.get_run(run.parent_id)

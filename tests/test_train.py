@@ -19,7 +19,7 @@ from dflash.models.drafter import DFlashDrafter
 from dflash.models.forward import forward
 from dflash.models.target import Target
 from dflash.train.batch import Batcher, sample_anchors, step_batch
-from dflash.train.data import Sequence
+from dflash.train.data import TrainSeq
 from dflash.train.labels import block_labels, final_tap_is_normed, greedy_labels_from_hidden, noised
 from dflash.train.loss import dflash_loss
 from dflash.train.step import StepSettings, lr_at, variant_inputs
@@ -41,7 +41,7 @@ def tiny_target(seed: int = 0, device: str = "cpu", head_dim: int = 8) -> Target
     return Target(model=m, tokenizer=None, identity=f"tiny-{seed}", source="tiny", max_context=256)
 
 
-def greedy_seqs(target: Target, n: int = 6, prompt_len: int = 5, new: int = 40, seed: int = 0) -> list[Sequence]:
+def greedy_seqs(target: Target, n: int = 6, prompt_len: int = 5, new: int = 40, seed: int = 0) -> list[TrainSeq]:
     """Prompts of random tokens, responses the target's own greedy tokens (EOS never stops it)."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -50,7 +50,7 @@ def greedy_seqs(target: Target, n: int = 6, prompt_len: int = 5, new: int = 40, 
         for _ in range(new):
             nxt = forward(target, ids).logits[0, -1].argmax()
             ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-        out.append(Sequence(ids=ids[0].tolist(), prompt_len=prompt_len + i % 3))
+        out.append(TrainSeq(ids=ids[0].tolist(), prompt_len=prompt_len + i % 3))
     return out
 
 

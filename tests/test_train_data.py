@@ -12,7 +12,7 @@ from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_
 
 
 def test_no_training_prompt_overlaps_an_evaluation_prompt():
-    from dflash.train.prompts import OverlapFilter, build_prompts, evaluation_prompts, overlaps, prompt_text
+    from dflash.train.train_prompts import OverlapFilter, build_prompts, evaluation_prompts, overlaps, prompt_text
 
     evals = evaluation_prompts()
     assert {"builtin", "humaneval"} <= set(evals) and len(evals["humaneval"]) == 164
@@ -32,7 +32,7 @@ def test_no_training_prompt_overlaps_an_evaluation_prompt():
 
 
 def test_training_prompts_deterministic_and_mixed():
-    from dflash.train.prompts import build_prompts, prompt_text
+    from dflash.train.train_prompts import build_prompts, prompt_text
 
     a, b = build_prompts(500, 3), build_prompts(500, 3)
     assert [prompt_text(p) for p in a] == [prompt_text(p) for p in b]

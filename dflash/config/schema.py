@@ -21,6 +21,7 @@ from typing import Any, Optional, get_type_hints
 
 from omegaconf import MISSING
 
+from dflash.config.steps import StepSelection
 from dflash.util.errors import ConfigError
 
 
@@ -48,7 +49,7 @@ class DrafterSchema:
     kind: str = MISSING  # training | hf | init
     name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
     run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
-    step: Optional[int] = None  # kind=training: None = latest
+    step: Any = None  # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th): StepSelection
     path: Optional[str] = None  # kind=hf
     # only where a checkpoint lacks them:
     block_size: Optional[int] = None
@@ -59,6 +60,13 @@ class DrafterSchema:
     num_layers: int = 1
     num_taps: Optional[int] = None  # null: the public rule, one tap per draft layer
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.step != "???":
+            sel = StepSelection.parse(self.step)
+            if sel.many and self.kind not in ("training", "???"):
+                raise ConfigError(f"drafter.step={self.step!r} selects several steps of a training run: it needs drafter=training "
+                                  f"(drafter.run_dir), not drafter={self.kind}")
 
 
 @dataclass
@@ -157,11 +165,65 @@ class ReplayConfig:
 
 
 @dataclass
+class PromptLookupConfig:
+    """The yardstick beside every τ: prompt lookup, vLLM's `ngram` speculator, replayed on the same references
+    (dflash/stages/prompt_lookup.py). min / max are vLLM's prompt_lookup_min / prompt_lookup_max (here its own
+    defaults when neither is set); its num_speculative_tokens is the drafter's B - 1."""
+
+    enabled: bool = True
+    min: int = 5  # the shortest n-gram matched
+    max: int = 5  # the longest n-gram matched (tried first)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min, int) and self.min < 1:
+            raise ConfigError(f"prompt_lookup.min={self.min}: use 1 or more (tokens in the shortest n-gram matched)")
+        if isinstance(self.min, int) and isinstance(self.max, int) and self.max < self.min:
+            raise ConfigError(f"prompt_lookup.max={self.max} is below prompt_lookup.min={self.min}: use max >= min")
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     uri: str = "sqlite:///mlflow.db"
     experiment: Optional[str] = None  # default: dflash/<target.name>
     artifact_location: Optional[str] = None  # default: ./mlruns/<experiment>
+
+
+@dataclass
+class WatchConfig:  # follow=true: how the run folder is watched (dflash/series.py, dflash/stages/watch.py)
+    poll_s: float = 10.0  # seconds between looks at drafter.run_dir
+    settle_s: float = 5.0  # a complete-looking step folder is read once its files have not changed for this long (0: at once)
+    quiet_s: Optional[float] = None  # end after this long without a new step; null: never (SIGTERM or last_step ends it)
+    last_step: Optional[int] = None  # end once this step (or a later one) is evaluated
+
+    def __post_init__(self) -> None:
+        for k in ("poll_s", "settle_s", "quiet_s"):
+            v = getattr(self, k)
+            if isinstance(v, (int, float)) and v < 0:
+                raise ConfigError(f"watch.{k}={v}: use a number of seconds, 0 or more")
+
+
+@dataclass
+class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/stages/trainlog.py)
+    source: str = "auto"  # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard | mlflow | none
+    path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
+    uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
+    run: Optional[str] = None  # mlflow: the trainer's run id or name
+    keys: Optional[list[str]] = None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
+    accuracy_key: Optional[str] = None  # the training accuracy the stall check reads; null: the shortest chosen name with acc in it
+    min_rise: float = 0.01  # the stall check: training accuracy rose at least this much while τ did not rise past its best by 2 SE
+
+    def __post_init__(self) -> None:
+        if self.source not in ("auto", "jsonl", "tensorboard", "mlflow", "none", "???"):
+            raise ConfigError(f"train_metrics.source={self.source!r}: use auto, jsonl, tensorboard, mlflow or none")
+        if self.source == "mlflow" and not self.run:
+            raise ConfigError("train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and train_metrics.uri "
+                              "when it logs to another store)")
+        for k in self.keys or []:
+            try:
+                re.compile(k)
+            except re.error as e:
+                raise ConfigError(f"train_metrics.keys: {k!r} is not a regular expression ({e})") from None
 
 
 @dataclass
@@ -174,6 +236,7 @@ class EvalConfig:
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cache_dir: str = ".cache"
     seed: int = 0
@@ -182,6 +245,19 @@ class EvalConfig:
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
     scores: bool = False  # also the reference token's NLL and the drafter's confidence (~30% more replay on CPU)
     progress: bool = True  # stage lines and progress bars (dflash.util.progress); false: warnings only
+    follow: bool = False  # watch drafter.run_dir and evaluate each new step once it is complete (watch.*): a training run's parent
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    train_metrics: TrainMetricsConfig = field(default_factory=TrainMetricsConfig)
+
+    def __post_init__(self) -> None:
+        if self.follow is True and not isinstance(self.drafter, str) and self.drafter.kind not in ("training", "???"):
+            raise ConfigError(f"follow=true watches a training run's folder: it needs drafter=training (drafter.run_dir), not "
+                              f"drafter={self.drafter.kind}")
+
+    @property
+    def series(self) -> bool:
+        """Whether this evaluates a training run step by step (several steps, or follow=true): one MLflow parent per training run."""
+        return self.follow or StepSelection.parse(self.drafter.step).many
 
 
 def register() -> None:

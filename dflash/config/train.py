@@ -41,7 +41,7 @@ class DrafterArch:
 @dataclass
 class DataConfig:
     num_prompts: int = 8192
-    prompts_path: Optional[str] = None  # a JSONL of prompts (python -m dflash.train.prompts writes one); else built here
+    prompts_path: Optional[str] = None  # a JSONL of prompts (python -m dflash.train.train_prompts writes one); else built here
     seed: int = 0
     arithmetic_fraction: float = 0.3
     max_new_tokens: int = 320

@@ -10,7 +10,6 @@ Loading runs in three phases, so a drafter that cannot work fails before the tar
    target's tokenizer, `drafter=init`'s shapes, `check_against_target`.
 3. `build_drafter`: the module with its weights, built on the meta device (no random init for weights
    a file gives) and assigned in the target's dtype beside the target's last layers.
-`load_drafter` runs all three.
 
 Kinds: `training` (a `step_<N>/` of a training run: a torch pickle, or the HF format), `hf` (a
 public HF-format folder), `init` (deterministic random weights with the target's shapes: smoke
@@ -36,6 +35,7 @@ from dflash.models.checkpoint_files import read_hf_folder, read_training_pickle,
 from dflash.models.dflash2_config import check_dflash2_vocab
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
+from dflash.models.formats import own_tensors, translate
 from dflash.models.rope import rotary_parameters
 from dflash.models.weights import all_finite, sha256_later
 from dflash.util.errors import CheckpointError
@@ -140,9 +140,13 @@ def read_drafter(
         raise CheckpointError(f"unknown drafter kind {kind!r}; use training, hf or init")
     sd, raw = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
     try:
-        cfg, warns = parse_config(raw, overrides)
+        fmt = translate(raw, sd, None if where.is_file() else where)  # other formats -> the HF format (formats.py)
+        cfg, warns = parse_config(fmt.config, overrides)
+        cfg, sd = own_tensors(cfg, fmt.state_dict)
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    for n in fmt.notes:
+        log.info("drafter (%s format): %s", fmt.fmt, n)
     for w in warns:
         log.warning("drafter: %s", w)
     cfg = codebook_vocab(cfg, sd)
@@ -195,8 +199,11 @@ def resolve_mask_token(token: str, tokenizer: Any) -> int:
 def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
     """Raise CheckpointError on what cannot work; return warnings for what is suspicious."""
     errs = []
-    if cfg.hidden_size != target.hidden_size:
-        errs.append(f"hidden size {cfg.hidden_size} != the target's {target.hidden_size}: this drafter was trained for another target")
+    if (cfg.target_hidden_size or cfg.hidden_size) != target.hidden_size:
+        errs.append(f"hidden size {cfg.target_hidden_size or cfg.hidden_size} != the target's {target.hidden_size}: this drafter "
+                    "was trained for another target")
+    if cfg.vocab_size is not None and (cfg.own_embed or cfg.own_lm_head) and cfg.vocab_size != target.vocab_size:
+        errs.append(f"the drafter's own embedding / LM head cover vocab_size {cfg.vocab_size} != the target's {target.vocab_size}")
     bad = [L for L in cfg.target_layer_ids or [] if not 0 <= L < target.num_layers]
     if bad:
         errs.append(f"taps {bad} are outside the target's decoder layers 0..{target.num_layers - 1}")
@@ -275,22 +282,7 @@ def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any
         model.to_empty(device="cpu").init_weights(int(src.init.get("seed", 0)))
         model.to(device=device, dtype=dtype)
     else:
-        sd = {k: src.state_dict[k].to(device=device, dtype=dtype) for k in model.state_dict()}
+        sd = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))
+              for k in model.state_dict() for v in [src.state_dict[k]]}  # d2t stays integer
         model.load_state_dict(sd, strict=True, assign=True)
     return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings)
-
-
-def load_drafter(
-    target: Any,
-    kind: str,
-    name: str,
-    run_dir: str | None = None,
-    step: int | None = None,
-    path: str | None = None,
-    overrides: dict[str, Any] | None = None,
-    init: dict[str, Any] | None = None,
-    sliding_window: str = "apply",
-) -> LoadedDrafter:
-    """All three phases at once."""
-    src = read_drafter(kind, name, run_dir=run_dir, step=step, path=path, overrides=overrides, init=init)
-    return build_drafter(fit_drafter(src, target), sliding_window)

@@ -71,6 +71,54 @@ def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
     raise CheckpointError(f"{d} holds neither checkpoint.pt nor config.json + safetensors")
 
 
+TEMP_NAME = re.compile(r"\.tmp(-|$)|\.(incomplete|partial|part)$")  # a writer's file not yet renamed into place
+
+
+def checkpoint_file(folder: Path) -> Path | None:
+    """The file a step folder's digest is taken of: checkpoint.pt, else its first safetensors (None: neither)."""
+    if (folder / "checkpoint.pt").is_file():
+        return folder / "checkpoint.pt"
+    st = sorted(folder.glob("*.safetensors"))
+    return st[0] if st else None
+
+
+def _safetensors_short(path: Path) -> str | None:
+    """Why a safetensors file is not whole (its header names more bytes than the file holds), None if whole."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or 8 + n > size:
+                return f"{path.name} is shorter than its header"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError):
+        return f"{path.name}'s header is not readable yet"
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    return None if 8 + n + end <= size else f"{path.name} holds {size} of its {8 + n + end} bytes"
+
+
+def incomplete(folder: Path) -> str | None:
+    """Why a step folder cannot be read yet (a trainer may still be writing it), None when it looks whole: a
+    writer's temporary file is there; no checkpoint.pt nor config.json + safetensors; checkpoint.pt is not a whole
+    zip (torch.save's format ends with the zip's central directory, written last); a safetensors file holds fewer
+    bytes than its header names; config.json does not parse."""
+    import zipfile
+
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    if tmp := [n for n in names if TEMP_NAME.search(n)]:
+        return f"a writer's temporary file is there ({tmp[0]})"
+    if "checkpoint.pt" in names:
+        return None if zipfile.is_zipfile(folder / "checkpoint.pt") else "checkpoint.pt is not a whole torch (zip) file yet"
+    st = sorted(n for n in names if n.endswith(".safetensors"))
+    if "config.json" not in names or not st:
+        return "neither checkpoint.pt nor config.json + safetensors is there yet"
+    try:
+        json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return "config.json does not parse yet"
+    return next((why for n in st if (why := _safetensors_short(folder / n))), None)
+
+
 def strip_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for k, v in sd.items():

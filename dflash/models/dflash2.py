@@ -8,8 +8,9 @@
   It runs on the flattened [S, N·B, H] layout of dflash/models/drafter.py, within each block; the
   context's keys and values never pass through it (as SGLang, whose context K/V come from `fc` alone).
   Identity: base[:, 0] = 1, other taps 0, zero projection (how SpecForge starts training).
-- `unary_logits`: the target's LM head on slots 1..B-1, top-k (k = selector_top_k) taken on the raw
-  logits, then in float32 × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
+- `unary_logits`: the drafter's logits on slots 1..B-1 (`DFlashDrafter.logits`: the target's LM head unless
+  it has its own, times logit_scale), top-k (k = selector_top_k) taken on the raw logits, then in float32
+  × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
 - `CandidateSelector` + `walk`: from the anchor, slot by slot, candidate j of the unary top-k scores
   unary[j] + <predecessor_codebook[prev] ⊙ (hidden_projection h_p), successor_codebook[cand_j]> and
   the best one (the first in top-k order on ties: argmax) is the draft and the next slot's prev. The
@@ -133,13 +134,15 @@ class Proposal:
 
 def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anchor: Tensor) -> Proposal:
     """h [R, K, H] slots 1..B-1's final states (the target's dtype), anchor [R] -> Proposal. `head` is the
-    target's LM head; the walk starts from the anchor."""
+    target's LM head, which `drafter.logits` uses unless the drafter has its own (times its logit_scale);
+    the walk starts from the anchor."""
     R, K, H = h.shape
-    return propose_logits(drafter, head(h.reshape(R * K, H)).view(R, K, -1), h, anchor)  # 2-D into the head: a 3-D input takes a slow bmm path
+    logits = drafter.logits(head, h.reshape(R * K, H)).view(R, K, -1)  # 2-D into the head: a 3-D input takes a slow bmm path
+    return propose_logits(drafter, logits, h, anchor)
 
 
 def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
-    """`propose` from the LM head's raw logits [R, K, V]."""
+    """`propose` from the drafter's raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
     d2 = drafter.cfg.dflash2
     if d2 is None:
         top = logits.argmax(-1)

@@ -1,8 +1,9 @@
 """The DFlash drafter model (../shared/DFLASH.md §1); its config is dflash/models/drafter_config.py.
 
 A drafter predicts the B-1 masked slots of a block `[anchor, mask, ..., mask]` in one pass.
-It has no embedding and no LM head: block tokens are embedded by the target's `embed_tokens`
-and its final hidden states go through the target's `lm_head` (the caller does both).
+Block tokens are embedded by the target's `embed_tokens` and its final hidden states go through
+the target's `lm_head` (`embed`, `logits`: the caller passes the target's), unless the checkpoint
+carries its own (vLLM's rule; a reduced draft vocabulary maps its ids to the target's: docs/formats.md).
 
 Context: the target's tapped hidden states (`target_layer_ids`, concatenated) are fused by
 `fc` + `hidden_norm` into one vector per position, which every draft layer turns into extra
@@ -14,8 +15,8 @@ initialisation (`Rotary`: every rope type, yarn's attention factor).
 One layout serves inference, the offline replay and training: for S sequences with N blocks
 each, queries are the N*B block slots flattened, keys are `[T context positions] + [N*B block
 slots]`. Block n (anchor at position p_n) sees context positions t < p_n and the slots of its
-own block, bidirectionally; nothing else. A `sliding_attention` layer (config `layer_types` +
-`sliding_window` w) applies SGLang's rule on top: causal, and only keys at positions > q - w
+own block, bidirectionally (causally with vLLM's `dflash_config.causal`); nothing else. A
+`sliding_attention` layer (config `layer_types` + `sliding_window` w) applies SGLang's rule on top: causal, and only keys at positions > q - w
 (the window includes the query itself); `sliding_window="ignore"` treats those layers as full
 attention, as z-lab's transformers loop under sdpa/eager did. `mask_mod` states the rule once:
 `visibility_mask` evaluates it densely (sdpa, eager), `flex_block_mask` as a flex_attention
@@ -31,6 +32,7 @@ Parameter names follow the public HF format, so a public checkpoint loads as it 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -101,17 +103,20 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None):
+def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None,
+             causal: bool | None = None):
     """The visibility rule as a flex_attention mask_mod (b, h, q, kv) -> bool; the dense mask
     calls the same function on broadcast index tensors, so the two cannot disagree.
 
     Query q is slot i = q % B of block n = q // B (anchor p_n, position p_n + i). Context key t
     (position t) is visible iff t < p_n (t <= p_n with `see_anchor`); block key kv is visible iff it
-    is a slot j of the query's own block. With a sliding `window` w (SGLang's sliding_attention
-    layers: causal, window_left = w - 1) a key at position k must also satisfy k <= q_pos and
-    q_pos - k < w: context t > p_n + i - w, and slots j <= i with i - j < w.
+    is a slot j of the query's own block. `causal` (default: with a window) also requires j <= i
+    (vLLM's `causal` layers). With a sliding `window` w (SGLang's sliding_attention layers: causal,
+    window_left = w - 1) a key at position k must also satisfy q_pos - k < w: context t > p_n + i - w,
+    and slots with i - j < w.
     """
     B, T = block_size, ctx_len
+    causal = window is not None if causal is None else causal
 
     def mod(b, h, q, kv):
         n, i = q // B, q % B
@@ -119,31 +124,36 @@ def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool
         j = kv - T - n * B  # the key's slot in the query's own block when 0 <= j < B
         ctx = (kv < T) & ((kv <= p) if see_anchor else (kv < p))
         own = (j >= 0) & (j < B)
+        if causal:
+            own = own & (j <= i)
         if window is not None:
             ctx = ctx & (p + i - kv < window)
-            own = own & (j <= i) & (i - j < window)
+            own = own & (i - j < window)
         return ctx | own
 
     return mod
 
 
-def visibility_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None) -> Tensor:
+def visibility_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None,
+                    causal: bool | None = None) -> Tensor:
     """anchor_pos [S, N] -> bool [S, N*B, T + N*B]: True where a query slot may attend (`mask_mod`)."""
     S, N = anchor_pos.shape
     Q, dev = N * block_size, anchor_pos.device
     b = torch.arange(S, device=dev)[:, None, None]
     q = torch.arange(Q, device=dev)[None, :, None]
     kv = torch.arange(ctx_len + Q, device=dev)[None, None, :]
-    return mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window)(b, None, q, kv).expand(S, Q, ctx_len + Q)
+    return mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window, causal)(b, None, q, kv).expand(S, Q, ctx_len + Q)
 
 
-def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None):
+def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None,
+                    causal: bool | None = None):
     """The same visibility as `visibility_mask`, as a flex_attention BlockMask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     S, N = anchor_pos.shape
     Q = N * block_size
-    return create_block_mask(mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window), S, None, Q, ctx_len + Q, device=anchor_pos.device)
+    mod = mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window, causal)
+    return create_block_mask(mod, S, None, Q, ctx_len + Q, device=anchor_pos.device)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask, backend: str) -> Tensor:
@@ -237,6 +247,18 @@ class DecoderLayer(nn.Module):
         return x + self._sublayer(self.mlp, self.post_attention_layernorm(x), getattr(self, "mlp_conv", None))
 
 
+def own_heads(cfg: DrafterConfig) -> dict[str, nn.Module | Tensor | None]:
+    """The modules a checkpoint's own tensors fill (vLLM's has_own_embed_tokens / has_own_lm_head / d2t):
+    embed_tokens [vocab_size, H], lm_head [draft_vocab_size or vocab_size, H], d2t [draft_vocab_size]."""
+    H, V = cfg.hidden_size, cfg.vocab_size
+    rows = cfg.draft_vocab_size or V
+    return {
+        "embed_tokens": nn.Embedding(V, H) if cfg.own_embed else None,
+        "lm_head": nn.Linear(H, rows, bias=False) if cfg.own_lm_head else None,
+        "d2t": torch.zeros(rows, dtype=torch.long) if cfg.vocab_map else None,
+    }
+
+
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, sliding_window: str = "apply"):
         super().__init__()
@@ -245,7 +267,7 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         self.sliding_window = sliding_window
         H = cfg.hidden_size
-        self.fc = nn.Linear(cfg.num_taps * H, H, bias=False)
+        self.fc = nn.Linear(cfg.num_taps * (cfg.target_hidden_size or H), H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
@@ -254,6 +276,10 @@ class DFlashDrafter(nn.Module):
             self.candidate_selector = CandidateSelector(H, d2.vocab_size or 1, d2.selector_rank)
         apply = sliding_window == "apply"
         self.windows = [cfg.sliding_window if apply and t == "sliding_attention" else None for t in cfg.layer_types]
+        self.causal = [w is not None if cfg.causal is None else cfg.causal for w in self.windows]  # "ignore": as full layers
+        heads = own_heads(cfg)  # the drafter's own embedding / LM head / id map, where its checkpoint has them
+        self.embed_tokens, self.lm_head = heads["embed_tokens"], heads["lm_head"]
+        self.register_buffer("d2t", heads["d2t"], persistent=heads["d2t"] is not None)
         self._rotary: Rotary | None = None  # built on first use (not on the meta device a shape check uses)
 
     @property
@@ -304,7 +330,28 @@ class DFlashDrafter(nn.Module):
         pos_blk = (anchor_pos[..., None] + torch.arange(B, device=anchor_pos.device)).reshape(S, N * B)
         rope_blk = self.rotary(pos_blk, x.dtype)
         build = flex_block_mask if backend == "flex" else visibility_mask
-        masks = {w: build(anchor_pos, T, B, see_anchor, w) for w in set(self.windows)}  # one per window: full, sliding
-        for layer, w, kv_l in zip(self.layers, self.windows, kv):
-            x = layer(x, kv_l, rope_blk, masks[w], backend)
+        kinds = list(zip(self.windows, self.causal))  # per layer (window, causal)
+        masks = {k: build(anchor_pos, T, B, see_anchor, *k) for k in set(kinds)}  # one per kind: full, sliding, causal
+        for layer, k, kv_l in zip(self.layers, kinds, kv):
+            x = layer(x, kv_l, rope_blk, masks[k], backend)
         return self.norm(x).view(S, N, B, H)
+
+    def embed(self, target_embed: Callable[[Tensor], Tensor], ids: Tensor) -> Tensor:
+        """Block tokens [...] -> embeddings [..., H]: the drafter's own `embed_tokens` when it has one, else the target's."""
+        if self.embed_tokens is None:
+            return target_embed(ids)
+        return self.embed_tokens(ids.to(self.embed_tokens.weight.device))
+
+    def logits(self, target_head: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
+        """Final-normed states [..., H] -> draft logits over the target's vocabulary [..., V] (vLLM's compute_logits):
+        own `lm_head` or the target's, times `logit_scale`; a reduced draft vocabulary's logits land at their
+        target ids (i + d2t[i]), every other id -inf, so an argmax is a target id."""
+        z = target_head(h) if self.lm_head is None else self.lm_head(h)
+        if self.cfg.logit_scale != 1.0:
+            z = z * self.cfg.logit_scale
+        if self.d2t is None:
+            return z
+        full = z.new_full((*z.shape[:-1], self.cfg.vocab_size), float("-inf"))
+        full[..., self.d2t.to(z.device) + torch.arange(z.shape[-1], device=z.device)] = z
+        return full
+

@@ -20,12 +20,14 @@ and takes every architectural value from that object. DFlash's fields follow SGL
 Refusals (a `CheckpointError` naming the key and what to do; the run stops before the target
 loads). Every top-level and `dflash_config` key falls in exactly one class:
 
-- UNDERSTOOD: read, type-checked and implemented (the tables below).
+- UNDERSTOOD: read, type-checked and implemented (the tables below; vLLM's `dflash_config.causal`,
+  `target_hidden_size`, `draft_vocab_size`, `logit_scale`: dflash/models/formats.py, which also
+  translates vLLM's other keys and the speculators format into these before this parser runs).
 - HARMLESS: known to change nothing the drafter computes (what `Qwen3Config.save_pretrained`
   writes besides the architecture, and Hugging Face metadata): kept in `extra`, written back.
 - EXTENSIONS: keys some implementation reads that this one does not implement (DFlash2's keys at
   the top level or in a DFlashDraftModel's config, SGLang's projector, logit multipliers and soft-capping,
-  attention sinks, value scaling, the drafter's own embedding, quantization, z-lab's `is_causal`
+  attention sinks, value scaling, SGLang's `has_embed_tokens`, quantization, z-lab's `is_causal`
   and `input_embedding_scale`, `mlp_bias`, interleaved rotary): accepted only at the value that
   means "off" (listed per key), refused otherwise.
 - Anything else is unknown: accepted when its value is null, false or empty (it cannot switch
@@ -60,7 +62,9 @@ ARCH_KEYS = (
     "layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "hidden_act", "partial_rotary_factor",
 )
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-UNDERSTOOD = {*ARCH_KEYS, *DFLASH_FIELDS, "dflash_config", "architectures", "model_type"}
+HEAD_KEYS = ("target_hidden_size", "draft_vocab_size", "logit_scale")  # vLLM's qwen3_dflash fields (dflash/models/formats.py)
+HEAD_OFF = {"logit_scale": 1.0}  # not written back at these values
+UNDERSTOOD = {*ARCH_KEYS, *DFLASH_FIELDS, *HEAD_KEYS, "dflash_config", "architectures", "model_type"}
 HARMLESS = {
     "vocab_size", "tie_word_embeddings", "dtype", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
     "attention_dropout", "pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
@@ -124,6 +128,15 @@ class DrafterConfig:
     sliding_window: int | None = None  # keys a sliding_attention query sees, itself included (HF's convention)
     mask_token: str | None = None  # resolved through the target's tokenizer when mask_token_id is absent
     extra: dict[str, Any] = field(default_factory=dict)  # harmless config.json keys, written back
+    # vLLM's fields (docs/formats.md; dflash/models/formats.py translates other formats into these)
+    causal: bool | None = None  # dflash_config.causal: every layer causal in the block (None: sliding layers only)
+    target_hidden_size: int | None = None  # the taps' width when it differs from hidden_size (own embedding + head)
+    logit_scale: float = 1.0  # draft logits times this (vLLM's LogitsProcessor scale)
+    draft_vocab_size: int | None = None  # rows of the drafter's own lm_head when smaller than the target's vocabulary
+    vocab_size: int | None = None  # config vocab_size (the target's), set by formats.own_tensors where own tensors need it
+    own_embed: bool = False  # embed_tokens.weight in the checkpoint: block tokens embedded with it
+    own_lm_head: bool = False  # lm_head.weight in the checkpoint: draft logits through it
+    vocab_map: bool = False  # d2t [draft_vocab_size] in the checkpoint: draft id i is target id i + d2t[i]
     arch: str = "dflash"  # ARCHITECTURES' values: "dflash2" adds the `dflash2` part
     dflash2: DFlash2Config | None = None  # DFlash2DraftModel: convolutions, unary transform, selector
 
@@ -131,16 +144,24 @@ class DrafterConfig:
         if not self.layer_types:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
 
+    def layer_causal(self, layer_type: str) -> bool:
+        """vLLM's rule: `causal` when set, else causal exactly on sliding layers (SGLang's rule too)."""
+        return self.causal if self.causal is not None else layer_type == "sliding_attention"
+
     @property
     def num_taps(self) -> int:  # without target_layer_ids: the public rule's count, one per draft layer
         return len(self.target_layer_ids) if self.target_layer_ids else self.num_hidden_layers
 
     def to_hf(self) -> dict[str, Any]:
         """config.json of the public HF format (a Qwen3 config as transformers 5 writes it, plus DFlash's fields)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id", "mask_token", "arch", "dflash2")}
+        skip = ("extra", "target_layer_ids", "mask_token_id", "mask_token", "causal", "own_embed", "own_lm_head", "vocab_map", "arch", "dflash2")
+        d = {k: v for k, v in asdict(self).items()
+             if k not in skip and not (k in (*HEAD_KEYS, "vocab_size") and v in (None, HEAD_OFF.get(k)))}
         dflash = (
             {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
         )
+        if self.causal is not None:
+            dflash["causal"] = self.causal
         if self.target_layer_ids:
             dflash["target_layer_ids"] = list(self.target_layer_ids)
         if self.dflash2 is not None:  # SpecForge's export: block_size and DFlash2's keys in dflash_config, the codebooks' vocab_size
@@ -200,6 +221,8 @@ TYPES = {  # present and not null -> checked before transformers sees it
     "attention_bias": _bool, "use_sliding_window": _bool,
     "block_size": lambda n, v: _int(n, v, 1), "num_target_layers": lambda n, v: _int(n, v, 1),
     "mask_token_id": lambda n, v: _int(n, v, 0), "target_layer_ids": _int_list,
+    "target_hidden_size": lambda n, v: _int(n, v, 1), "draft_vocab_size": lambda n, v: _int(n, v, 1), "logit_scale": _num,
+    "causal": _bool, "vocab_size": lambda n, v: _int(n, v, 1),
 }
 
 
@@ -268,7 +291,7 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
         raise CheckpointError(f"architectures={archs!r}: one of {[[a] for a in ARCHITECTURES]} is implemented (not other variants)")
     arch = ARCHITECTURES[archs[0]]
     extra = _classify(raw, "", UNDERSTOOD)
-    _classify(dflash, "dflash_config.", set(DFLASH_FIELDS) | (set(DFLASH2_FIELDS) if arch == "dflash2" else set()))
+    _classify(dflash, "dflash_config.", {*DFLASH_FIELDS, "causal"} | (set(DFLASH2_FIELDS) if arch == "dflash2" else set()))
     if raw.get("model_type", "qwen3") not in ("qwen3", None):
         raise CheckpointError(f"model_type={raw['model_type']!r}: DFlash draft layers are Qwen3 layers; only model_type qwen3 is implemented")
     missing = [k for k in REQUIRED if raw.get(k) is None]
@@ -287,6 +310,8 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
             "layer_types has sliding_attention layers but the config gives no window (transformers keeps sliding_window only "
             "with use_sliding_window: true; SGLang refuses such a config): set use_sliding_window: true and sliding_window"
         )
+    if dflash.get("causal") is False and "sliding_attention" in layer_types:  # formats.py says why
+        raise CheckpointError("dflash_config.causal=false with sliding_attention layers is not implemented")
     if hf.num_attention_heads % hf.num_key_value_heads:
         raise CheckpointError(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={hf.num_key_value_heads}")
 
@@ -306,6 +331,9 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
         block_size=block, rms_norm_eps=float(hf.rms_norm_eps),
         rope_parameters=read_rope(hf), max_position_embeddings=hf.max_position_embeddings, attention_bias=bool(hf.attention_bias),
         layer_types=layer_types, sliding_window=window, mask_token=dv["mask_token"], extra=extra, arch=arch, dflash2=d2,
+        causal=dflash.get("causal"),
+        target_hidden_size=raw.get("target_hidden_size"), draft_vocab_size=raw.get("draft_vocab_size"),
+        logit_scale=1.0 if raw.get("logit_scale") is None else float(raw["logit_scale"]),
     )
     rotary_parameters(cfg)  # transformers computes this rope, or the config is refused now
     if cfg.rope_parameters["rope_type"] == "dynamic":
@@ -328,6 +356,9 @@ def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str,
         "rope_type": rp["rope_type"], "rope_theta": float(rp["rope_theta"]), "rope_attention_scaling": scaling,
         "max_position_embeddings": cfg.max_position_embeddings,
         "sliding_layers": sliding, "sliding_window": cfg.sliding_window, "sliding_window_applied": bool(sliding) and apply_window,
+        "causal_layers": [i for i, t in enumerate(cfg.layer_types) if cfg.layer_causal(t) and (apply_window or cfg.causal)],
+        "logit_scale": cfg.logit_scale,
+        "own_embed": cfg.own_embed, "own_lm_head": cfg.own_lm_head, "draft_vocab_size": cfg.draft_vocab_size,
     }
     out.update({f"rope_{k}": v for k, v in sorted(rp.items()) if k not in ("rope_type", "rope_theta")})
     if cfg.dflash2 is not None:

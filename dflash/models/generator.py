@@ -3,8 +3,8 @@
 `Generator` decodes up to `batch` prompts at a time, greedy or position-keyed sampled
 (dflash/models/sampling.py), stopping each row at EOS. Its step is one captured function (a CUDA
 graph on CUDA). Finished rows stay in their batch, masked: they feed a pad token and record
-nothing. A step's time hardly depends on the rows (H200, SmolLM2's shape, bf16, CUDA graphs: 3.2 ms
-at batch 1, 3.8 ms at batch 12), so dropping finished rows would save little; a batch stops once
+nothing. A step's time hardly depends on the rows (measured: the engine's batch-1 and
+batch-12 rates in docs/results.md), so dropping finished rows would save little; a batch stops once
 every row has finished (checked every `Generator.period` steps, the only host synchronisation of
 the loop).
 
@@ -15,7 +15,7 @@ the loop).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -62,8 +62,9 @@ class Generator:
         self.t += 1
 
     @torch.no_grad()
-    def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
-        """Greedy completions of len(prompts) <= batch prompts (EOS included when reached)."""
+    def __call__(self, prompts: list[list[int]], on_tokens: Callable[[int], None] | None = None) -> list[list[int]]:
+        """Greedy completions of len(prompts) <= batch prompts (EOS included when reached). `on_tokens(n)`:
+        n more tokens recorded, heard every `period` steps (where the loop looks at `done` anyway) and at the end."""
         if max(map(len, prompts)) + self.max_new > self.eng.max_len:
             raise ValueError(f"a {max(map(len, prompts))}-token prompt + {self.max_new} new tokens exceed the engine's {self.eng.max_len} positions")
         rows = list(prompts) + [[0]] * (self.eng.batch - len(prompts))
@@ -80,10 +81,23 @@ class Generator:
         self.ids.copy_(torch.where(self.done, 0, first)[:, None])
         self.write.fill_(P)
         self.t.fill_(1)
+        heard = 0
+
+        def tell() -> None:  # the tokens recorded since the last call
+            nonlocal heard
+            n = int((self.hist[: len(prompts)] >= 0).sum())
+            on_tokens(n - heard)  # type: ignore[misc]
+            heard = n
+
         for s in range(1, self.max_new):
-            if (s - 1) % self.period == 0 and bool(self.done.all()):
-                break
+            if (s - 1) % self.period == 0:
+                if on_tokens is not None:
+                    tell()
+                if bool(self.done.all()):
+                    break
             self.step(view=P + s)
+        if on_tokens is not None:
+            tell()
         return [[t for t in row if t >= 0] for row in self.hist[: len(prompts), : self.max_new].tolist()]
 
 
@@ -122,11 +136,11 @@ def generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batc
     b = gen.eng.batch
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), b, max_new_tokens,
              "CUDA graphs" + (" (compiled)" if gen.eng.compile else "") if gen.eng.graphs else "eager")
-    with Progress("generate", total=len(prompts), unit="prompt") as bar:
+    with Progress("generate", total=len(prompts) * max_new_tokens, unit="tok") as bar:  # the budget; rows that stop early shrink it
         for rows in length_batches(prompts, b):
-            for i, comp in zip(rows, gen([prompts[i] for i in rows])):
+            for i, comp in zip(rows, gen([prompts[i] for i in rows], on_tokens=bar.update)):
                 out[i] = comp
-            bar.update(len(rows))
+                bar.shrink_total(max_new_tokens - len(comp))
     return out
 
 

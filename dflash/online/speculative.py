@@ -72,7 +72,7 @@ class OnlineDecoder:
     def _draft(self) -> None:
         ddev, ddt = self.feats.device, self.feats.dtype
         block = torch.cat([self.anchor, self.masks])  # [B]
-        emb = self.target.embed(block)[None, None].to(ddev, ddt)  # [1, 1, B, H]
+        emb = self.drafter.embed(self.target.embed, block)[None, None].to(ddev, ddt)  # [1, 1, B, H]
         h = self.drafter(self.feats[:, : self.eng.view], emb, self.pos[None].to(ddev), backend=self.backend)  # [1, 1, B, H]
         self.out[: self.B - 1] = propose(self.drafter, self.eng.head, h[0, :, 1:].to(self.target.dtype), self.anchor).tokens[0]
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
+from dflash.report.sweep import yardstick_once
+
 if TYPE_CHECKING:
+    from dflash.report.samples import Sample
     from dflash.report.sweep import SweepRow
     from dflash.stages.result import EvalResult
 
@@ -18,7 +21,8 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> str:
+def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samples: Sequence[Sample] = ()) -> str:
+    """What a run prints; `samples` (dflash.report.samples.samples_of): the first one's first blocks."""
     m, info = res.metrics, res.info
     g = m.get
     lines = [
@@ -31,6 +35,12 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
             f"DFlash2: τ (selector walk) {fmt(g('acceptance_length'))}   unary τ (argmax, no selector) {fmt(g('acceptance_length_unary'))} "
             f"± {fmt(g('acceptance_length_unary_se'))}   selector gain {fmt(g('selector_gain'), '+.3f')} ± {fmt(g('selector_gain_se'))} "
             f"(paired SE)   expected: unary {fmt(g('expected_acceptance_length_unary'))}, top-k ceiling {fmt(g('expected_acceptance_length_topk'))}"
+        )
+    if (pl := res.prompt_lookup) is not None:  # the yardstick beside τ
+        lines.append(
+            f"prompt lookup (vLLM's ngram: n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same references): τ {fmt(pl.tau)} ± {fmt(pl.tau_se)};   "
+            f"drafter - prompt lookup {fmt(pl.gain, '+.3f')} ± {fmt(pl.gain_se)} (paired SE)"
+            + ("   the drafter does not beat it" if pl.gain is not None and pl.gain <= 0 else "")
         )
     if info.drafter_config:
         lines.append("drafter config: " + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items()) + f"; stop ids {info.stop_ids}")
@@ -77,7 +87,7 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6) -> s
                                             f"references engine: {ref.engine}" if ref.engine else None])))
     lines.append(f"prompts: {info.prompt_format}; replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
-    for s in res.samples[:1]:  # dflash.report.samples.Sample records
+    for s in samples[:1]:
         lines.append(f"-- sample {s.id} ({s.subset}): first blocks, [accepted] rest")
         for b in s.blocks[:max_blocks]:
             a, anchor = b.accepted, s.reference_pieces[b.anchor_pos - s.prompt_tokens]
@@ -114,6 +124,9 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
         lines.append(f"- **DFlash2**: unary τ (argmax, no selector) {fmt(m.get('acceptance_length_unary'))}; selector gain "
                      f"{fmt(m.get('selector_gain'), '+.3f')} ± {fmt(m.get('selector_gain_se'))} (paired SE); expected τ of the "
                      f"top-k ceiling {fmt(m.get('expected_acceptance_length_topk'))}")
+    if (pl := res.prompt_lookup) is not None:
+        lines.append(f"- **prompt lookup** (the yardstick: vLLM's ngram, n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same references): "
+                     f"τ {fmt(pl.tau)} ± {fmt(pl.tau_se)}; drafter - prompt lookup {fmt(pl.gain, '+.3f')} ± {fmt(pl.gain_se)} (paired SE)")
     if m.get("leak_probe/acceptance_length") is not None:
         lines.append(f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "
                      f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})")
@@ -127,16 +140,18 @@ def sweep_markdown(name: str, table: Sequence[SweepRow], failed: Sequence[str], 
     """A sweep parent's description: one row per child (dflash.report.sweep.sweep_table), the failed jobs.
     Columns: run, the swept values, the data set (prompts.source) unless `prompts` is swept, τ ± SE,
     z-lab's published τ, Δτ ± paired SE against the first child that finished ("not paired", and why below the
-    table, where dflash.report.compare.align refused the pair)."""
+    table, where dflash.report.pairs.align refused the pair)."""
     swept = list(table[0].values) if table else []
     if "prompts" not in swept and any(r.dataset for r in table):
         swept.append("dataset")
     base = next((r.paired_against for r in table if r.paired_against), None)
+    once = yardstick_once(table)  # prompt lookup's τ, one value for the whole sweep; else a column where children differ
+    per_child = once is None and any(r.prompt_lookup_tau is not None for r in table)
     lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
     if table:
         head = " | ".join("data set" if k == "dataset" else k for k in swept)
-        lines += [f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|"),
-                  "| --- |" + " --- |" * (len(swept) + 3)]
+        lines += [f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|")
+                  + (" prompt lookup τ |" if per_child else ""), "| --- |" + " --- |" * (len(swept) + 3 + per_child)]
         first = next((i for i, r in enumerate(table) if r.tau is not None), None)  # what the others are paired against
         unpaired = [i for i, r in enumerate(table) if i != first and r.tau is not None and r.not_paired]
         for i, r in enumerate(table):
@@ -145,7 +160,10 @@ def sweep_markdown(name: str, table: Sequence[SweepRow], failed: Sequence[str], 
                      else f"{fmt(r.delta_tau, '+.3f')} ± {fmt(r.delta_tau_se)}")
             tau = "- (no result)" if r.tau is None else f"{fmt(r.tau)} ± {fmt(r.tau_se)}"
             pub = fmt(r.published_tau) + (" (another setting)" if r.published_differs else "")
-            lines.append(f"| {r.run} |{vals} {tau} | {pub} | {delta} |")
+            lines.append(f"| {r.run} |{vals} {tau} | {pub} | {delta} |" + (f" {fmt(r.prompt_lookup_tau)} |" if per_child else ""))
+        if once is not None:
+            lines += ["", f"Prompt lookup (the yardstick: vLLM's ngram on the same references, prompt_lookup.* params): τ **{fmt(once)}**; "
+                          "a drafter that does not beat it is not worth serving."]
         if unpaired:  # compare.align refused them: why, naming the prompts or the tag that differs
             lines += ["", f"**Not paired with {base}** (their Δτ would mix drafter and data):",
                       *[f"- {table[i].run}: {table[i].not_paired}" for i in unpaired]]

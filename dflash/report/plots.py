@@ -17,14 +17,14 @@ Several runs (a sweep's children, two compared runs):
 - `tau_png` (`tau_figure`): τ ± SE per run, against the swept value where it is one number per run;
   an undefined τ is a gap.
 - `curves_png`: one per-position curve per run, overlaid.
-- `gaps_png`: paired gaps B − A with ±2 SE bars (dflash.report.compare's `CompareRow`s).
+- `gaps_png`: paired gaps B − A per metric with ±2 SE bars (two compared runs).
 """
 
 from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import matplotlib
 
@@ -32,9 +32,6 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402  (after the backend is chosen)
 
 from dflash.stages.metrics import Counters, acceptance_length, position_curves  # noqa: E402
-
-if TYPE_CHECKING:
-    from dflash.report.compare import CompareRow  # compare imports this module when it draws
 
 Curve = Sequence[float | None]  # index k-1 for slot k; None (or NaN) where undefined
 
@@ -102,9 +99,9 @@ def run_plots(c: Counters, title: str = "") -> dict[str, bytes]:
 
 
 def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequence[float | None],
-               x: Sequence[float] | None = None, xlabel: str = "run", title: str = "") -> Figure:
+               x: Sequence[float] | None = None, xlabel: str = "run", title: str = "", yardstick: float | None = None) -> Figure:
     """τ ± SE per run; at `x` (the swept value) when given, else one slot per label. An undefined τ is
-    a gap (the line breaks there), an undefined SE no bar."""
+    a gap (the line breaks there), an undefined SE no bar. `yardstick`: prompt lookup's τ, one line for all runs."""
     fig = Figure(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
     ax = fig.add_subplot()
     xs = list(x) if x is not None else list(range(len(labels)))
@@ -116,6 +113,8 @@ def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequenc
             if t is not None:
                 ax.annotate(labels[i], (xs[i], t), textcoords="offset points", xytext=(4, 6), fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="1 = plain decoding")
+    if yardstick is not None:
+        ax.axhline(yardstick, color="tab:red", lw=0.8, ls="--", label="prompt lookup (n-gram yardstick)")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("τ: tokens per verify step (bonus included)")
     ax.grid(alpha=0.3)
@@ -142,18 +141,18 @@ def curves_png(curves: dict[str, Curve], ylabel: str, title: str = "") -> bytes:
     return _png(fig)
 
 
-def gaps_png(rows: Sequence[CompareRow], title: str = "") -> bytes:
-    """Paired gaps B − A (dflash.report.compare's rows: metric, diff, se), ±2 SE bars; 0 = no difference. An
+def gaps_png(metrics: Sequence[str], diffs: Sequence[float | None], ses: Sequence[float | None], title: str = "") -> bytes:
+    """Paired gaps B − A per metric (a comparison's rows: metric, diff, se), ±2 SE bars; 0 = no difference. An
     undefined gap (None) is left out of the plot, an undefined SE draws no bar."""
-    fig = Figure(figsize=(7.5, 0.45 * len(rows) + 1.6))
+    fig = Figure(figsize=(7.5, 0.45 * len(metrics) + 1.6))
     ax = fig.add_subplot()
-    y = list(range(len(rows)))[::-1]
-    ax.errorbar(_y([r.diff for r in rows]), y, xerr=_y([None if r.se is None else 2 * r.se for r in rows]), fmt="o", capsize=4,
+    y = list(range(len(metrics)))[::-1]
+    ax.errorbar(_y(diffs), y, xerr=_y([None if s is None else 2 * s for s in ses]), fmt="o", capsize=4,
                 label="B − A ± 2 SE (paired by prompt)")
     ax.axvline(0.0, color="grey", lw=0.8)
-    ax.set_yticks(y, [r.metric + (" (undefined)" if r.diff is None else "") for r in rows], fontsize=8)
+    ax.set_yticks(y, [m + (" (undefined)" if d is None else "") for m, d in zip(metrics, diffs)], fontsize=8)
     ax.set_xlabel("B − A (higher τ and accuracy are better; lower NLL is better)")
-    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_ylim(-0.6, len(metrics) - 0.4)
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title or "paired gaps", fontsize=10)

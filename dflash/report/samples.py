@@ -24,10 +24,13 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from dflash.stages.prompts import Prompt
+from dflash.stages.prompts import Prompt, round_robin
 from dflash.stages.replay import Block
+
+if TYPE_CHECKING:
+    from dflash.stages.result import EvalResult
 
 CONTEXT = 4  # tokens decoded before a span, so that its leading space and bytes come out right
 
@@ -185,6 +188,13 @@ def samples_html(records: list[Sample], title: str = "") -> str:
     sel = SELECTOR_LEGEND if any(b.unary is not None for r in records for b in r.blocks) else ""
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{head}</title><style>{CSS}</style></head><body>'
             f'<h1>{head}</h1>{LEGEND}{sel}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n')
+
+
+def samples_of(res: "EvalResult", n: int) -> list[Sample]:
+    """The sample records of `n` prompts of a result, one subset at a time in turn (stages.prompts.round_robin),
+    decoded with the target's tokenizer the result carries; none without one."""
+    shown = {p.id for p in round_robin([r.prompt for r in res.prompts], n)} if n > 0 and res.tokenizer is not None else set()
+    return [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, res.tokenizer) for r in res.prompts if r.prompt.id in shown]
 
 
 def artifacts(records: list[Sample], title: str = "") -> dict[str, bytes]:

@@ -7,7 +7,8 @@ prompts replayed (`num_prompts`), τ per subset, and the paired Δτ and its
 SE against the first child that finished, paired only where `compare.align` pairs them (else why not,
 naming the prompts that differ), the data set (prompts.source) and z-lab's published τ beside it
 (dflash/data/published_tau.json) where the drafter is a public one on the target it was published with; `sweep_artifacts(children)`: that
-table as CSV, τ against the swept value, the children's per-position curves overlaid. Undefined (no
+table as CSV, τ against the swept value, the children's per-position curves overlaid. `yardstick_once`: prompt lookup's τ when every
+child that logged one has the same (its references and block size agree), shown once. Undefined (no
 verify step; an SE over one prompt) stays None: an empty cell, a gap in a plot, never the best child.
 dflash/entry.py reads the children through dflash.tracking and hands the files to the sweep parent.
 """
@@ -17,9 +18,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from dflash.report.compare import CompareError, RunIdentity, align, compare, rows_of, table_csv
+from dflash.report.pairs import CompareError, RunIdentity, align, compare, rows_of, table_csv
 from dflash.stages.benchmarks import BENCHMARKS
 from dflash.stages.metrics import PromptRow, Rate, acceptance_length, position_curves, ratio_se, row_counters
 
@@ -33,16 +34,17 @@ class Child:
     params: dict[str, str] = field(default_factory=dict)  # the child run's MLflow params (e.g. drafter.name, prompts.source)
     identity: RunIdentity = field(default_factory=RunIdentity)  # its target and dtype
     note: str = ""  # why its rows were refused
+    prompt_lookup_tau: Rate = None  # the yardstick's τ on its references (dflash.stages.prompt_lookup); None: not logged
 
     @classmethod
     def read(cls, name: str, run_id: str, values: dict[str, str], rows: list[dict[str, Any]] | None, params: dict[str, str],
-             tags: dict[str, str]) -> "Child":
-        """A child from what the store holds (per_prompt.json's dicts, its params and tags)."""
+             identity: RunIdentity, prompt_lookup_tau: Rate = None) -> "Child":
+        """A child from what the store holds (per_prompt.json's dicts, its params, its target and dtype, the yardstick's τ)."""
         try:
             typed, note = (rows_of(rows) if rows is not None else None), ""
         except CompareError as e:
             typed, note = None, str(e)
-        return cls(name, run_id, values, typed, params, RunIdentity.from_tags(tags), note)
+        return cls(name, run_id, values, typed, params, identity, note, prompt_lookup_tau)
 
 
 def swept_values(overrides: list[list[str]]) -> list[dict[str, str]]:
@@ -116,11 +118,12 @@ class SweepRow:
     not_paired: str = ""  # why compare.align refused to pair it with `paired_against`
     note: str = ""  # why it has no rows (refused, or the job failed)
     run_id: str = ""
+    prompt_lookup_tau: Rate = None  # the yardstick on its references (the same for children of one reference and block setting)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as sweep/children.csv holds it: run, the swept values, τ, ..., τ per subset, Δτ, ..., note, run id."""
         return {"run": self.run, **self.values, "tau": self.tau, "tau_se": self.tau_se, "num_prompts": self.num_prompts, "dataset": self.dataset,
-                "published_tau": self.published_tau, "published_setting_differs": self.published_differs,
+                "published_tau": self.published_tau, "published_setting_differs": self.published_differs, "prompt_lookup_tau": self.prompt_lookup_tau,
                 **{f"tau/{k}": v for k, v in self.tau_by_subset.items()}, "delta_tau": self.delta_tau,
                 "delta_tau_se": self.delta_tau_se, "delta_tau_z": self.delta_tau_z, "paired_against": self.paired_against,
                 "note": f"not paired: {self.not_paired}" if self.not_paired else self.note, "run_id": self.run_id}
@@ -152,8 +155,15 @@ def sweep_table(children: list[Child]) -> list[SweepRow]:
         pub = published_tau(c.params)
         out.append(SweepRow(c.name, c.values, tau, se, len(rows) if rows else None, c.params.get("prompts.source"), pub,
                             published_setting_differs(c.params) if pub is not None else "", by_subset, *delta,
-                            base.name if base else None, not_paired, note, c.run_id))
+                            base.name if base else None, not_paired, note, c.run_id, c.prompt_lookup_tau))
     return out
+
+
+def yardstick_once(table: Sequence[SweepRow]) -> Rate:
+    """Prompt lookup's τ shown once beside a sweep: the one value every child that logged it shares; None when
+    none did or they differ (children of other references or block sizes: then it stays per child)."""
+    taus = {r.prompt_lookup_tau for r in table if r.prompt_lookup_tau is not None}
+    return taus.pop() if len(taus) == 1 else None
 
 
 def best(table: list[SweepRow]) -> SweepRow | None:
@@ -190,7 +200,7 @@ def sweep_artifacts(children: list[Child], title: str = "sweep") -> dict[str, by
     files = {
         "sweep/children.csv": table_csv([r.to_dict() for r in table]).encode(),
         "sweep/tau.png": plots.tau_png(labels, [r.tau for r in table], [r.tau_se for r in table], x=x, xlabel=xlabel,
-                                       title=f"{title}: τ ± SE over prompts, per child"),
+                                       title=f"{title}: τ ± SE over prompts, per child", yardstick=yardstick_once(table)),
     }
     curves = {lab: position_curve(c.rows) for lab, c in zip(labels, children) if c.rows}
     if curves:

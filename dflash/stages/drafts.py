@@ -1,6 +1,6 @@
 """The drafter's side of the offline replay (dflash/stages/replay.py walks the loop over what this drafts).
 
-- `prepare`: a prompt + reference's context K/V, once per sequence (`Sequence`); every block reads a prefix.
+- `prepare`: a prompt + reference's context K/V, once per sequence (`ReplaySeq`); every block reads a prefix.
 - `drafter_hidden`: one drafter pass over one block per row (context lengths rounded to CTX_ROUND).
 - `draft_anchors`: the proposals at given anchors (`Drafts`), opt.chunk per pass, through
   dflash.models.dflash2's proposal rule: the argmax for DFlash; for DFlash2 the selector's walk, beside
@@ -40,7 +40,7 @@ class ReplayOptions:
 
 
 @dataclass
-class Sequence:
+class ReplaySeq:
     """One prompt's replay input: prompt + reference ids [T] and the drafter's context K/V of its taps."""
 
     ids: Tensor  # [T] on the target's device
@@ -68,11 +68,11 @@ class Drafts:
 
 
 @torch.no_grad()
-def prepare(drafter: DFlashDrafter, target: Target, prompt_ids: list[int], completion_ids: list[int], taps: Tensor) -> Sequence:
-    """taps [T, n*H] of prompt + reference -> a Sequence (the taps are not kept)."""
+def prepare(drafter: DFlashDrafter, target: Target, prompt_ids: list[int], completion_ids: list[int], taps: Tensor) -> ReplaySeq:
+    """taps [T, n*H] of prompt + reference -> a ReplaySeq (the taps are not kept)."""
     dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype  # with the target's last layers
     ids = torch.tensor(prompt_ids + completion_ids, device=target.device)
-    return Sequence(ids, len(prompt_ids), drafter.context_kv(taps[None].to(dev, dt)))
+    return ReplaySeq(ids, len(prompt_ids), drafter.context_kv(taps[None].to(dev, dt)))
 
 
 def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, anchors: Tensor, kv: KV, backend: str,
@@ -85,7 +85,7 @@ def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, ancho
     block[..., 0] = tokens
     ctx_len = int(anchors.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
     ctx_len = min(kv[0][0].shape[2], -(-ctx_len // CTX_ROUND) * CTX_ROUND)  # few distinct shapes: the mask hides keys >= p
-    h = drafter(None, target.embed(block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
+    h = drafter(None, drafter.embed(target.embed, block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
                 ctx_kv=[(k[:, :, :ctx_len], v[:, :, :ctx_len]) for k, v in kv])  # [S, N, B, H]
     if not bool(torch.isfinite(h).all()):
         bad = int(anchors.reshape(-1)[~torch.isfinite(h).reshape(S * N, -1).all(-1).to(anchors.device)][0])
@@ -99,7 +99,7 @@ def _cat(parts: list[Tensor | None]) -> Tensor | None:
 
 
 @torch.no_grad()
-def draft_anchors(drafter: DFlashDrafter, target: Target, s: Sequence, anchors: Tensor, opt: ReplayOptions) -> Drafts:
+def draft_anchors(drafter: DFlashDrafter, target: Target, s: ReplaySeq, anchors: Tensor, opt: ReplayOptions) -> Drafts:
     """Proposals at the given anchors (sorted positions, [A]), opt.chunk per drafter pass (`Drafts`)."""
     B, T, d2 = drafter.cfg.block_size, s.T, drafter.cfg.dflash2
     k = torch.arange(1, B, device=s.ids.device)
@@ -107,7 +107,7 @@ def draft_anchors(drafter: DFlashDrafter, target: Target, s: Sequence, anchors: 
     for a in anchors.split(opt.chunk) if len(anchors) else ():  # no anchor: a 1-token reference (EOS first)
         N = a.shape[0]
         h = drafter_hidden(drafter, target, s.ids[a][None], a[None], s.kv, opt.backend, opt.see_anchor)[0]  # [N, B-1, H]
-        logits = target.lm_head(h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
+        logits = drafter.logits(target.lm_head, h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
         p = propose_logits(drafter, logits.view(N, B - 1, -1), h, s.ids[a])
         cols["tokens"].append(p.tokens)
         cols["unary"].append(None if d2 is None else p.unary)
@@ -125,18 +125,7 @@ def draft_anchors(drafter: DFlashDrafter, target: Target, s: Sequence, anchors: 
     return Drafts(*(_cat(cols[n]) for n in ("tokens", "unary", "topk", "nll", "conf")))
 
 
-def draft_every_anchor(drafter: DFlashDrafter, target: Target, seq: Tensor, taps: Tensor, first_anchor: int,
-                       backend: str = "sdpa", anchors_per_chunk: int = 32, see_anchor: bool = False, scores: bool = False
-                       ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """`draft_anchors` at every anchor first_anchor .. T-2 of seq [T] (row i for the anchor first_anchor + i)
-    -> proposals, nll, conf."""
-    s = Sequence(seq, first_anchor, drafter.context_kv(taps[None].to(drafter.fc.weight.device, drafter.fc.weight.dtype)))
-    opt = ReplayOptions(chunk=anchors_per_chunk, backend=backend, scores=scores, see_anchor=see_anchor)
-    d = draft_anchors(drafter, target, s, torch.arange(first_anchor, s.T - 1, device=seq.device), opt)
-    return d.tokens, d.nll, d.conf
-
-
-def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
+def lazy_greedy(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
     """h [S, B-1, H] slot hidden states, labels [S, B-1] (the reference after each anchor, -1 past its end)
     -> per row the greedy proposal over the slots `verify` reads: the LM head runs on slot groups of
     HEAD_GROUPS, each only for the rows whose earlier slots all equal their labels."""
@@ -149,7 +138,7 @@ def lazy_greedy(target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:
         if lo >= K or not len(rows):
             break
         hi = min(lo + size, K)
-        g = target.lm_head(h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
+        g = drafter.logits(target.lm_head, h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
         out[rows, lo:hi], length[rows] = g, hi
         go = (g == labels[rows, lo:hi]).all(-1) & (labels[rows, hi] >= 0 if hi < K else False)
         alive[rows] = go
@@ -163,7 +152,7 @@ def lazy_proposals(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Te
     DFlash2: a group runs for the rows whose walk prefix or unary prefix still equals the labels."""
     d2 = drafter.cfg.dflash2
     if d2 is None:
-        return [(p, None) for p in lazy_greedy(target, h, labels)]
+        return [(p, None) for p in lazy_greedy(drafter, target, h, labels)]
     sel, (S, K, H) = drafter.candidate_selector, h.shape
     out, uni = (torch.zeros((S, K), dtype=torch.long, device=h.device) for _ in range(2))
     length = torch.zeros(S, dtype=torch.long, device=h.device)
@@ -174,7 +163,7 @@ def lazy_proposals(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Te
         if lo >= K or not len(rows):
             break
         hi = min(lo + size, K)
-        logits = target.lm_head(h[rows, lo:hi].reshape(-1, H)).view(len(rows), hi - lo, -1)
+        logits = drafter.logits(target.lm_head, h[rows, lo:hi].reshape(-1, H)).view(len(rows), hi - lo, -1)
         c = unary_candidates(sel, d2, logits, h[rows, lo:hi])
         prev = anchors[rows] if lo == 0 else out[rows, lo - 1]
         w, u = walk(sel, c, prev), c.ids[..., 0]  # [R, hi-lo]

@@ -14,7 +14,7 @@ and the taps, so they are cached by that content:
   Written to a temp name and renamed; beyond `max_cache_gb` the least recently used files (mtime,
   refreshed on every hit) are removed.
 
-Drafters with different taps share one forward: `get_features(target, seqs, [taps_a, taps_b])`
+Drafters with different taps share one forward: `iter_features(target, seqs, [taps_a, taps_b], ...)`
 taps the union and `Features.taps(taps_a)` slices per drafter.
 
 Not in the key: chunk size and thread count, which change the states only by float rounding.
@@ -22,7 +22,6 @@ Not in the key: chunk size and thread count, which change the states only by flo
     stats = FeatureStats()
     for f in iter_features(target, [x + r for x, r in zip(prompts, refs)], [drafter_taps], cache_dir, stats=stats):
         taps = f.taps(drafter_taps)                             # [T, n*H], one sequence at a time
-    # get_features(...) -> (list[Features], FeatureStats): the same, all at once
 """
 
 from __future__ import annotations
@@ -298,11 +297,3 @@ def iter_features(
         if disk
         else "",
     )
-
-
-def get_features(
-    target: Target, seqs: Sequence[Sequence[int]], layer_sets: Sequence[Sequence[int]], cache_dir: str | Path = ".cache", **kw
-) -> tuple[list[Features], FeatureStats]:
-    """iter_features, all at once (small sets, tests): -> (features per sequence, stats)."""
-    stats = FeatureStats()
-    return list(iter_features(target, seqs, layer_sets, cache_dir, stats=stats, **kw)), stats

@@ -6,7 +6,7 @@ Conventions (named here; dflash.tracking logs them under these names):
   benchmark prints). `mean_accepted` = τ - 1 is gpt-fast's "mean accepted" (bonus excluded).
   The last step of a prompt commits at most what is left of the reference (capped); the other side,
   `acceptance_length_uncapped` (and `_macro_uncapped`), counts every step in full (accepted + 1,
-  the bonus past the reference end included), as z-lab's original benchmark loop does (README).
+  the bonus past the reference end included), as z-lab's original benchmark loop does (docs/metrics.md).
 - Per draft slot k = 1..B-1 (`position_curves`, one list per kind, index k-1):
   `accept_rate`: cumulative, accepted_at_pos[k] / steps (vLLM's);
   `accept_rate_cond`: accepted_at_pos[k] / accepted_at_pos[k-1] (comparable across B);
@@ -110,7 +110,7 @@ def ids_digest(ids: list[int]) -> str:
 @dataclass
 class PromptRow:
     """One prompt's counters as a run's `per_prompt.json` holds them (`to_dict`, one dict per prompt)
-    and dflash.report.compare pairs them: two rows pair only where both digests match."""
+    and dflash.report.pairs pairs them: two rows pair only where both digests match."""
 
     id: str
     subset: str

@@ -1,7 +1,7 @@
 """The checks that need no torch, transformers or MLflow: run by evaluate.py before it imports them.
 
-A typo in a path should cost the user a second, not the start-up of the heavy libraries (about 10 s
-on two cores): the prompt file or local data set copy must exist (a JSONL file is read and checked
+A typo in a path should cost the user a second, not the start-up of the heavy libraries (many seconds
+on a small machine): the prompt file or local data set copy must exist (a JSONL file is read and checked
 whole, line by line; a data set copy's files must be readable and hold its columns and rows, read
 from their headers), and so must the drafter's run folder or HF folder. Each failure is the same
 user error, with the same message, that the full check would raise later.

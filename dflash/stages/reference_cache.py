@@ -4,8 +4,8 @@
 reports serving and the request it gets), rendered prompt ids, max_new_tokens and template
 options. `ReferenceCache` reads and writes `<cache_dir>/references/<k[:2]>/<k>.json` atomically
 (dflash/util/files.py: the umask is followed), keeps a server's speculative counters beside each
-reference, and turns read-only (with a warning) when a write fails. `completion_problem` is the
-check every completion passes, generated or read back.
+reference, turns read-only (with a warning) when a write fails, and `drop`s an entry the run refused
+(it is never reused). `completion_problem` is the check every completion passes, generated or read back.
 """
 
 from __future__ import annotations
@@ -53,6 +53,17 @@ class ReferenceCache:
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
+
+    def drop(self, key: str) -> bool:
+        """Remove a reference the run refused, so no later run reuses it; -> whether one was there."""
+        try:
+            self._path(key).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            log.warning("references: cannot remove the refused reference %s (%s); references.refresh=true replaces it", self._path(key), e)
+            return False
 
     def get(self, key: str, problem: Callable[[Any], str | None] | None = None) -> list[int] | None:
         """The cached completion, or None where there is none or it is unreadable or fails `problem`."""

@@ -14,7 +14,9 @@ Sources:
 Every completion, generated or read from the cache, is checked (`completion_problem`): non-empty,
 at most `max_new_tokens`, token ids inside the target's vocabulary, and ending at the first of the
 target's stop tokens or at exactly `max_new_tokens`. A server answer that fails is a ReferenceError
-naming the prompt, and nothing of it is cached; a cached entry that fails is regenerated.
+naming the prompt, and nothing of it is cached; a cached entry that fails is regenerated. References
+the run refuses later (the replay measured nothing on any of them: dflash/pipeline.py) are removed
+from the cache (`drop_references`), so a fixed server is asked again.
 
 Cache (dflash/stages/reference_cache.py): one JSON file per reference under
 `<cache_dir>/references/`, named by the sha256 of all that decides it: target identity, source
@@ -110,6 +112,8 @@ class ReferenceStats:
     setup_s: float | None = None  # local generation: the engine's set-up before its first token (compile, capture); None: none built
     warnings: list[str] = field(default_factory=list)
     served: dict[tuple[int, ...], Served] = field(default_factory=dict)  # prompt ids -> the server's speculative counters (stages/served.py)
+    cache: ReferenceCache | None = None  # where the references are cached (None: references.use_cache=false)
+    keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # prompt ids -> its reference's cache key (`drop_references`)
 
     def metrics(self) -> dict[str, float | None]:
         if not self.probe_prompts:
@@ -188,7 +192,8 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     refs = list(plan.cached)
     ro = plan.cache is not None and plan.cache.read_only
     stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source,
-                           convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro))
+                           convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro),
+                           cache=plan.cache, keys={tuple(p): k for p, k in zip(prompts, plan.keys)})
     if o.source != "local" and plan.cache is not None:  # counters of cached answers, kept beside them
         for i in range(len(prompts)):
             if refs[i] is not None and (s := plan.cache.served(plan.keys[i])) is not None:
@@ -214,8 +219,11 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
+            def engine(label: str, setup_s: float | None) -> None:
+                stats.engine, stats.setup_s = label, setup_s
+
             greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, compile_min_steps=o.compile_min_steps,
-                            stats=stats, sampling=o.sampling)
+                            on_engine=engine, sampling=o.sampling)
         else:
             assert plan.server is not None
             server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling)
@@ -249,6 +257,14 @@ def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new
              f"{o.probe_min_agreement:g}: the server runs another model, dtype or template than the target, so τ is measured against its outputs")
         log.warning("references: %s", w)
         stats.warnings.append(w)
+
+
+def drop_references(stats: ReferenceStats, prompts: list[list[int]]) -> int:
+    """Remove the cached references of `prompts` that the run refused (e.g. they measured nothing), so the
+    next run asks the server (or the target) again instead of failing the same way. -> how many were cached."""
+    if stats.cache is None:
+        return 0
+    return sum(stats.cache.drop(k) for p in prompts if (k := stats.keys.get(tuple(p))) is not None)
 
 
 def get_references(

@@ -27,7 +27,7 @@ unary top-1 hits and the top-k recall). The `visited` mode follows both walks in
 The drafter's side (context K/V, drafter passes, the lazy LM head) is dflash/stages/drafts.py.
 
 The drafter's context keys and values depend on the taps alone (`DFlashDrafter.context_kv`): they are
-computed once per sequence (`Sequence`) and every block reads a prefix. No cache is rolled back here:
+computed once per sequence (`ReplaySeq`) and every block reads a prefix. No cache is rolled back here:
 the features come from one forward over prompt + reference, so a hybrid target's Gated DeltaNet state
 (Qwen3.5 / 3.6) only ever advances over committed tokens; the online loop (online/speculative.py) is
 what must roll it back after a cut block.
@@ -48,9 +48,8 @@ from dflash.stages.drafts import (  # noqa: F401  (re-exported: the replay's dra
     KV,
     Drafts,
     ReplayOptions,
-    Sequence,
+    ReplaySeq,
     draft_anchors,
-    draft_every_anchor,
     drafter_hidden,
     lazy_greedy,
     lazy_proposals,
@@ -126,7 +125,7 @@ def teacher_forced(
             setattr(c, name, add(getattr(c, name), torch.where(valid, x, 0.0).sum(0)))
 
 
-def _teacher_forced(s: Sequence, d: Drafts, c: Counters, stride: int) -> None:
+def _teacher_forced(s: ReplaySeq, d: Drafts, c: Counters, stride: int) -> None:
     """teacher_forced over drafts made at every stride-th anchor from s.first."""
     teacher_forced(s.ids, s.first, d.tokens, c, d.nll, d.conf, stride=stride, unary=d.unary, topk=d.topk)
 
@@ -135,7 +134,7 @@ def _stride(d: Drafts, st: int) -> Drafts:
     return Drafts(*(None if x is None else x[::st] for x in (d.tokens, d.unary, d.topk, d.nll, d.conf)))
 
 
-def replay_all(drafter: DFlashDrafter, target: Target, s: Sequence, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
+def replay_all(drafter: DFlashDrafter, target: Target, s: ReplaySeq, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
     """The `all` mode on one sequence: draft every anchor, walk (DFlash2: also the unary argmax's walk), teacher-forced at the stride."""
     d = draft_anchors(drafter, target, s, torch.arange(s.first, s.T - 1, device=s.ids.device), opt)
     seq, B = s.ids.tolist(), drafter.cfg.block_size
@@ -150,7 +149,7 @@ def replay_all(drafter: DFlashDrafter, target: Target, s: Sequence, opt: ReplayO
     return c, blocks
 
 
-def _padded(seqs: list[Sequence]) -> KV:
+def _padded(seqs: list[ReplaySeq]) -> KV:
     """The sequences' context K/V stacked, zero-padded to the longest: [S, Hkv, Tmax, D] per layer
     (padding is never visible: a block sees positions below its anchor)."""
     Tmax = max(s.T for s in seqs)
@@ -165,7 +164,7 @@ def _padded(seqs: list[Sequence]) -> KV:
 
 
 @torch.no_grad()
-def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[Sequence], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
     """The `visited` mode over a group of prompts: the teacher-forced anchors (stride) drafted per sequence,
     then the loop walked in lockstep: each pass drafts the current anchor of every prompt whose anchor is
     not among those (opt.chunk rows per pass), with `lazy_proposals`' LM head. DFlash2: the unary argmax's
@@ -216,28 +215,10 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[Sequence],
     return outs
 
 
-def replay_group(drafter: DFlashDrafter, target: Target, seqs: list[Sequence], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_group(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
     """Replay a group of prompts in opt.anchors' mode -> per prompt (counters, blocks); the same walk in both."""
     if opt.anchors not in ANCHOR_MODES:
         raise ValueError(f"replay anchors={opt.anchors!r}: use one of {ANCHOR_MODES}")
     if opt.anchors == "all":
         return [replay_all(drafter, target, s, opt) for s in seqs]
     return replay_visited(drafter, target, seqs, opt)
-
-
-def evaluate_sequence(
-    drafter: DFlashDrafter,
-    target: Target,
-    prompt_ids: list[int],
-    completion_ids: list[int],
-    taps: Tensor,
-    backend: str = "sdpa",
-    anchors_per_chunk: int = 32,
-    see_anchor: bool = False,
-    scores: bool = False,
-    anchors: str = "all",
-    tf_stride: int = 1,
-) -> tuple[Counters, list[Block]]:
-    """One prompt's replay in either mode (the pipeline replays groups of prompts: `replay_group`)."""
-    opt = ReplayOptions(anchors, tf_stride, anchors_per_chunk, backend, scores, see_anchor)
-    return replay_group(drafter, target, [prepare(drafter, target, prompt_ids, completion_ids, taps)], opt)[0]

@@ -2,9 +2,9 @@
 
 `PromptResult` (one prompt: its rendered ids, reference, counters, the replay's verify steps),
 `RunInfo` (what was evaluated, as resolved), `EvalResult` (metrics, curves, per-prompt results, summed
-counters, samples, timings); `per_prompt_row` flattens a prompt's counters into the typed row
+counters, timings, the target's tokenizer for the report's samples); `per_prompt_row` flattens a prompt's counters into the typed row
 (`dflash.stages.metrics.PromptRow`, with digests of its prompt and reference ids) that `per_prompt.json`
-holds and dflash.report.compare pairs.
+holds and dflash.report.pairs pairs.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash.stages.metrics import Counters, PromptRow, ids_digest, scored
+from dflash.stages.prompt_lookup import PromptLookup
 from dflash.stages.prompts import Prompt
 from dflash.stages.references import ReferenceStats
 from dflash.stages.replay import Block
@@ -60,14 +61,16 @@ class EvalResult:
     curves: dict[str, list[float]]  # per-position series, index k-1 for slot k
     prompts: list[PromptResult]
     total: Counters  # summed over prompts
-    samples: list[Any]  # dflash.report.samples.Sample records of `num_samples` prompts, one per subset in turn (built by the pipeline)
     timings: dict[str, float]
     info: RunInfo
     warnings: list[str] = field(default_factory=list)
+    tokenizer: Any = None  # the target's: what the report decodes samples with (dflash.report.samples.samples_of)
+    run_id: str | None = None  # the MLflow run it was logged to (dflash.evaluate(log=True))
+    prompt_lookup: PromptLookup | None = None  # the n-gram yardstick on the same references (None: prompt_lookup.enabled=false)
 
 
 def per_prompt_row(r: PromptResult) -> PromptRow:
-    """The per-prompt counters as one row (per_prompt.json holds its `to_dict`; what dflash.report.compare pairs)."""
+    """The per-prompt counters as one row (per_prompt.json holds its `to_dict`; what dflash.report.pairs pairs)."""
     c = r.counters
     return PromptRow(id=r.prompt.id, subset=r.prompt.subset, prompt_tokens=len(r.prompt_ids), new_tokens=c.new_tokens, steps=c.steps,
                      committed=c.committed, accepted_at_pos=c.accepted_at_pos, tf_correct=c.tf_correct, tf_total=c.tf_total,

@@ -61,7 +61,7 @@ def fill(p: Prompt, answers: list[str]) -> Prompt:
 def merge_stats(a: ReferenceStats, b: ReferenceStats) -> ReferenceStats:
     """Reference counters of two rounds together (the first round's source and server stand)."""
     return replace(a, hits=a.hits + b.hits, generated=a.generated + b.generated, new_tokens=a.new_tokens + b.new_tokens,
-                   retokenized=a.retokenized + b.retokenized, served={**a.served, **b.served},
+                   retokenized=a.retokenized + b.retokenized, served={**a.served, **b.served}, keys={**a.keys, **b.keys},
                    warnings=a.warnings + [w for w in b.warnings if w not in a.warnings])
 
 

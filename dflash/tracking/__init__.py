@@ -1,6 +1,6 @@
 """MLflow tracking: the only package that knows MLflow.
 
-Layout (what evaluate.py logs through `Run`; README "What it reports" and "MLflow UI"):
+Layout (what evaluate.py logs through `Run`; docs/metrics.md and docs/mlflow.md):
 - One experiment per target, `dflash/<target>` (training: `dflash-train/<target>`), tagged
   `mlflow.experimentKind=custom_model_development` so MLflow 3 opens it as a model-training
   experiment (its runs table), not in its GenAI mode; an evaluation experiment also holds a
@@ -15,8 +15,16 @@ Layout (what evaluate.py logs through `Run`; README "What it reports" and "MLflo
   versions; the prompt set as a dataset input (name and digest: runs on the same prompts filter
   together); scalars that are undefined (None, NaN) are not logged; curves (`by_position/<kind>`,
   step = draft slot; `by_commit/share`, step = tokens committed) never share a name with a scalar.
+- Every name of an evaluation run's record (tags, params, artifacts, curves) is defined once, in
+  dflash/tracking/record.py (`log_eval` writes them; readers read back through the same constants).
+- Training runs (dflash/series.py): the steps of one training run evaluated on one target and prompt
+  setting are children of one parent (tag `dflash.series_id`, a digest of that identity; role
+  `training_run`), which holds one point per step on its curves (MLflow step = training step: τ micro,
+  macro, per subset, expected τ, accuracy at slots 1-3, other τ-like scalars a child logs) and the
+  trainer's own metrics under `train/`. A step whose checkpoint digest a finished child holds is skipped.
 - Sweeps: every job of one `-m` sweep is a child of one parent run per experiment, found by the
-  sweep's unique id (tag `dflash.sweep_id`, see dflash/entry.py), never by its folder. At the end
+  sweep's unique id (tag `dflash.sweep_id`, see dflash/entry.py), never by its folder. Both families
+  live in dflash/tracking/parents.py. At the end
   `sweep_parents` reads the children back and `finish_parent` gives the parent what dflash/entry.py made
   of them (`sweep/children.csv`, `sweep/tau.png`, `sweep/per_position.png`, from dflash.report.sweep), the best child's τ as its metrics, the failed
   jobs, a description, and ends it FINISHED, FAILED or KILLED. Creating the store, an experiment, a
@@ -34,56 +42,77 @@ Runs are driven through `MlflowClient` with explicit ids: no global "active run"
 several runs in one process (Hydra's basic launcher) cannot step on each other.
 """
 
+from dflash.tracking.parents import (
+    BEST_CHILD_TAG,
+    FAILED_JOBS_TAG,
+    JOBS_TAG,
+    RUN_DIR_TAG,
+    ChildRun,
+    ParentRun,
+    SweepFamily,
+    TrainingRunFamily,
+    children,
+    evaluated_steps,
+    finish_parent,
+    open_parent,
+    sweep_parents,
+)
+from dflash.tracking.record import (
+    ACCURACY_SLOT,
+    CHECKPOINT_SHA_TAG,
+    DFLASH2_SPECFORGE,
+    DRAFTER_STEP_TAG,
+    ERROR_TAG,
+    GROUP_TAG,
+    JOB_TAG,
+    KILLED_TAG,
+    OVERRIDES_TAG,
+    PER_PROMPT,
+    PROMPT_LOOKUP_TAU,
+    TAU,
+    TRAIN,
+    Dataset,
+    EvalRecord,
+    RunTags,
+    log_eval,
+    prompt_dataset,
+    prompt_lookup_metrics,
+    series_point,
+    train_tags,
+)
 from dflash.tracking.run import NoRun, Run, flatten, log_files
 from dflash.tracking.store import (
-                                   HOST_TAG,
-                                   PER_PROMPT,
-                                   PID_START_TAG,
-                                   PID_TAG,
-                                   ROLE_TAG,
-                                   SWEEP_TAG,
-                                   ensure_experiment,
-                                   find_runs,
-                                   load_per_prompt,
-                                   main,
-                                   mlflow_client,
-                                   open_store,
-                                   reap,
-                                   run_tags,
-                                   start_ticks,
-                                   store_lock,
+    HOST_TAG,
+    PID_START_TAG,
+    PID_TAG,
+    ROLE_TAG,
+    SERIES_TAG,
+    SWEEP,
+    SWEEP_TAG,
+    TRAINING_RUN,
+    ensure_experiment,
+    find_runs,
+    load_per_prompt,
+    main,
+    metric_history,
+    mlflow_client,
+    open_store,
+    reap,
+    run_tags,
+    start_ticks,
+    store_lock,
 )
-from dflash.tracking.sweep import ChildRun, ParentRun, finish_parent, open_sweep, sweep_parents
-from dflash.tracking.view import DFLASH2_SPECFORGE, eval_view, setup_eval_experiment, view_url
+from dflash.tracking.view import TRAINING_VIEW_KEY, eval_view, setup_eval_experiment, setup_training_view, training_view_url, view_url
 
 __all__ = [
-    "DFLASH2_SPECFORGE",
-    "HOST_TAG",
-    "PER_PROMPT",
-    "PID_START_TAG",
-    "PID_TAG",
-    "ROLE_TAG",
-    "SWEEP_TAG",
-    "NoRun",
-    "Run",
-    "mlflow_client",
-    "ChildRun",
-    "ParentRun",
-    "finish_parent",
-    "sweep_parents",
-    "ensure_experiment",
-    "eval_view",
-    "find_runs",
-    "flatten",
-    "load_per_prompt",
-    "log_files",
-    "main",
-    "open_store",
-    "open_sweep",
-    "reap",
-    "run_tags",
-    "setup_eval_experiment",
-    "start_ticks",
-    "store_lock",
-    "view_url",
+    "ACCURACY_SLOT", "BEST_CHILD_TAG", "CHECKPOINT_SHA_TAG", "DFLASH2_SPECFORGE",
+    "DRAFTER_STEP_TAG", "ERROR_TAG", "FAILED_JOBS_TAG", "GROUP_TAG", "HOST_TAG",
+    "JOBS_TAG", "JOB_TAG", "KILLED_TAG", "OVERRIDES_TAG", "PER_PROMPT", "PID_START_TAG", "PID_TAG", "PROMPT_LOOKUP_TAU", "ROLE_TAG",
+    "RUN_DIR_TAG", "SERIES_TAG", "SWEEP", "SWEEP_TAG", "TAU", "TRAIN", "TRAINING_RUN", "TRAINING_VIEW_KEY", "setup_training_view",
+    "training_view_url",
+    "ChildRun", "Dataset", "EvalRecord", "NoRun", "ParentRun", "Run", "RunTags",
+    "SweepFamily", "TrainingRunFamily", "children", "ensure_experiment", "eval_view", "evaluated_steps", "find_runs", "finish_parent",
+    "flatten", "load_per_prompt", "log_eval", "log_files", "main", "metric_history", "mlflow_client", "open_parent", "open_store",
+    "prompt_dataset", "prompt_lookup_metrics", "reap", "train_tags", "run_tags", "series_point", "setup_eval_experiment", "start_ticks",
+    "store_lock", "sweep_parents", "view_url",
 ]

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from dflash.tracking.record import ERROR_TAG, KILLED_TAG, PER_PROMPT
 from dflash.tracking.store import (
     MAX_TAG,
     NOTE_TAG,
     PARENT_TAG,
-    PER_PROMPT,
     RUN_NAME_TAG,
-    SWEEP_TAG,
     ensure_experiment,
     library_versions,
     mlflow_client,
@@ -24,7 +23,6 @@ from dflash.tracking.store import (
     reap,
     source_tags,
     store_lock,
-    sweep_parent,
 )
 from dflash.tracking.view import setup_eval_experiment, view_url
 from dflash.util.errors import Terminated, TrackingError, signals_deferred
@@ -50,18 +48,28 @@ def _finite(v: Any) -> bool:
 
 
 class Run:
-    """One run. Use as `with Run(...) as run:`; log through its methods. `sweep` (a dflash.entry.SweepInfo)
-    makes it a child of that sweep's parent in its experiment."""
+    """One run. Use as `with Run(...) as run:`; log through its methods. `parent` (dflash.tracking.parents: a sweep's
+    or a training run's `Family`) makes it a child of that family's parent in its experiment; `Run.attach` logs to
+    a run that exists (a parent)."""
 
-    def __init__(self, uri: str, experiment: str, run_name: str, artifact_location: str | None = None, sweep: Any = None,
-                 tags: dict[str, Any] | None = None, resume_id: str | None = None):
+    def __init__(self, uri: str, experiment: str | None, run_name: str, artifact_location: str | None = None, parent: Any = None,
+                 tags: dict[str, Any] | None = None, resume_id: str | None = None, reopen: bool = True):
         self.uri, self.parent_id, self._params = uri, None, set()
         with store_lock(uri):  # first use creates the SQLite schema; the experiment and the parent once
             self.client = open_store(uri)
             reap(self.client)
-            self.experiment_id = ensure_experiment(self.client, experiment, artifact_location)
-            if sweep is not None:
-                self.parent_id = sweep_parent(self.client, self.experiment_id, sweep)
+            if experiment is None and resume_id:
+                self.experiment_id = self.client.get_run(resume_id).info.experiment_id
+            else:
+                self.experiment_id = ensure_experiment(self.client, str(experiment), artifact_location)
+            if parent is not None:
+                self.parent_id = parent.parent_run(self.client, self.experiment_id)
+        if resume_id:  # a resumed run (a training run, a training run's parent) keeps logging to its run, now from this process
+            self.run_id = resume_id
+            if reopen:
+                self.client.update_run(resume_id, status="RUNNING")
+                self.set_tags(process_tags())
+            return
         all_tags = {
             **{k: str(v)[:MAX_TAG] for k, v in (tags or {}).items() if v is not None},
             **source_tags(),
@@ -69,13 +77,14 @@ class Run:
             **process_tags(),
         }
         if self.parent_id:
-            all_tags.update({PARENT_TAG: self.parent_id, SWEEP_TAG: sweep.id})
-        if resume_id:  # a resumed training run keeps logging to its run, now from this process
-            self.run_id = resume_id
-            self.client.update_run(resume_id, status="RUNNING")
-            self.set_tags(process_tags())
-            return
+            all_tags.update({PARENT_TAG: self.parent_id, **parent.child_tags()})
         self.run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+
+    @classmethod
+    def attach(cls, uri: str, run_id: str, reopen: bool = False) -> "Run":
+        """A `Run` on an existing run (a parent: its curves, files, description, status); `reopen`: mark it RUNNING
+        from this process, so leaving a `with` block ends it again."""
+        return cls(uri, None, "", resume_id=run_id, reopen=reopen)
 
     def __enter__(self) -> "Run":
         return self
@@ -88,9 +97,9 @@ class Run:
             killed = issubclass(exc_type, (KeyboardInterrupt, Terminated))
             why = ("SIGTERM" if issubclass(exc_type, Terminated) else "SIGINT (Ctrl-C)") if killed else f"{exc_type.__name__}: {exc}"
             try:
-                self.client.set_tag(self.run_id, "dflash.killed" if killed else "error", why[:MAX_TAG])
-                if killed and self.parent_id:  # the sweep stops with it
-                    self.client.set_tag(self.parent_id, "dflash.killed", f"{why} during {self.run_id}")
+                self.client.set_tag(self.run_id, KILLED_TAG if killed else ERROR_TAG, why[:MAX_TAG])
+                if killed and self.parent_id:  # the sweep (the training run's evaluation) stops with it
+                    self.client.set_tag(self.parent_id, KILLED_TAG, f"{why} during {self.run_id}")
                     self.client.set_terminated(self.parent_id, "KILLED")
             finally:
                 self.client.set_terminated(self.run_id, "KILLED" if killed else "FAILED")
@@ -136,6 +145,15 @@ class Run:
         items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if _finite(v)]
         for name, values in (curves or {}).items():
             items += [Metric(name, float(v), ts, k) for k, v in enumerate(values, start=first_step) if _finite(v)]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
+
+    def log_points(self, points: dict[str, list[tuple[int, float]]]) -> None:
+        """Metrics at steps of their own ({name: [(step, value)]}: a trainer's metrics on a training run's parent), batched."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, int(s)) for k, pts in points.items() for s, v in pts if _finite(v)]
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
 

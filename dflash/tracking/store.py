@@ -17,15 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from dflash.tracking.record import KILLED_TAG, PER_PROMPT
 from dflash.util.errors import TrackingError
 from dflash.util.files import open_append
 
 SWEEP_TAG = "dflash.sweep_id"
-ROLE_TAG = "dflash.role"  # "sweep" on a sweep's parent
+SERIES_TAG = "dflash.series_id"  # a training run's parent and its children: a digest of what identifies the series
+ROLE_TAG = "dflash.role"  # on a parent: SWEEP or TRAINING_RUN
+SWEEP, TRAINING_RUN = "sweep", "training_run"
 PARENT_TAG = "mlflow.parentRunId"
 NOTE_TAG = "mlflow.note.content"
 RUN_NAME_TAG = "mlflow.runName"
-PER_PROMPT = "per_prompt.json"  # an evaluation run's per-prompt rows (Run.log_per_prompt, load_per_prompt)
 HOST_TAG, PID_TAG, PID_START_TAG = "dflash.host", "dflash.pid", "dflash.pid_start"
 VIEW_KEY = "dflash"  # the evaluation experiment's saved view: mlflow.sharedViewState.dflash
 MAX_TAG = 7900  # MLflow keeps 8000 characters of a run tag
@@ -146,7 +148,7 @@ def reap(client, run_ids: Sequence[str] = ()) -> list[tuple[str, str, str]]:
             continue
         why = (f"ended by `python -m dflash.tracking reap --run` on {host} at {time.strftime('%Y-%m-%d %H:%M:%S')}" if forced else
                f"process {t.get(PID_TAG)} on {host} is gone (killed hard?); found at {time.strftime('%Y-%m-%d %H:%M:%S')} by a later start")
-        client.set_tag(r.info.run_id, "dflash.killed", why)
+        client.set_tag(r.info.run_id, KILLED_TAG, why)
         client.set_terminated(r.info.run_id, "KILLED")
         out.append((r.info.run_id, r.info.run_name, why))
     return out
@@ -189,19 +191,6 @@ def library_versions() -> dict[str, str]:
     }
 
 
-# --- a sweep's parent -------------------------------------------------------------------------------
-
-
-def sweep_parent(client, experiment_id: str, sweep: Any) -> str:
-    """The run id of the sweep's parent in this experiment, created if missing (call under store_lock)."""
-    found = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = '{sweep.id}' and tags.`{ROLE_TAG}` = 'sweep'", max_results=1)
-    if found:
-        return found[0].info.run_id
-    tags = {SWEEP_TAG: sweep.id, ROLE_TAG: "sweep", "dflash.sweep_dir": sweep.dir, **source_tags(), **process_tags(),
-            NOTE_TAG: f"A `-m` sweep (`{sweep.name}`), running: its children are the jobs. When it ends this run holds their comparison."}
-    return client.create_run(experiment_id, run_name=sweep.name, tags=tags).info.run_id
-
-
 # --- reading runs back ---------------------------------------------------------------------------
 
 
@@ -237,6 +226,31 @@ def load_per_prompt(uri: str, run_id: str) -> list[dict[str, Any]]:
             raise TrackingError(f"run {run_id} has no {PER_PROMPT}: is it an evaluation run that finished? ({e})") from e
         table = json.loads(Path(path).read_text())
     return [dict(zip(table["columns"], row)) for row in table["data"]]
+
+
+def metric_history(uri: str, run: str, keys: Sequence[str] | None = None) -> dict[str, list[tuple[int, float]]]:
+    """A run's metrics as logged, step by step: {name: [(step, value)], sorted by step}; `run`: its id, or its name
+    (the newest run of that name in any experiment: what a trainer's `--report-to mlflow` run is known by);
+    `keys`: only these names (default: every metric the run holds)."""
+    client = mlflow_client(uri)
+    try:
+        exps = [e.experiment_id for e in client.search_experiments()]
+    except Exception as e:
+        raise TrackingError(f"cannot read the MLflow store {uri}: {type(e).__name__}: {e}") from None
+    found = client.search_runs(exps, f"attributes.run_id = '{run}'") if exps and len(run) == 32 and run.isalnum() else []
+    if not found and exps:
+        found = client.search_runs(exps, f"attributes.run_name = '{run}'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not found:
+        raise TrackingError(f"no run with id or name {run!r} in {uri}: pass the trainer's run id or name (train_metrics.run) and its "
+                            "store (train_metrics.uri)")
+    rid = found[0].info.run_id
+    names = list(keys) if keys is not None else list(found[0].data.metrics)
+    out = {}
+    for k in names:
+        pts = sorted({(m.step, m.timestamp): m.value for m in client.get_metric_history(rid, k)}.items())
+        if pts:
+            out[k] = [(int(step), float(v)) for (step, _), v in pts]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

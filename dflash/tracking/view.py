@@ -1,9 +1,6 @@
 """The evaluation experiment as MLflow's UI shows it: its description and the saved view (τ columns,
 headline charts first, the rest collapsed), and the link that opens it.
-
-`DFLASH2_SPECFORGE`: DFlash2's MLflow names (scalars, and `by_position/<kind>` curves with step = draft
-slot) and the SpecForge training metric each one answers (DFLASH.md §8.5; docs/dflash2.md). SpecForge's
-are teacher-forced on sampled training anchors; these on every anchor of the evaluation references."""
+A "DFlash2" section holds DFlash2's names (dflash.tracking.record.DFLASH2_SPECFORGE), collapsed."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import json
 import time
 from typing import Any, Sequence
 
+from dflash.tracking.record import BY_POSITION, SELECTOR_GAIN, TAU_UNARY
 from dflash.tracking.store import NOTE_TAG, VIEW_KEY, mlflow_client, store_lock
 
 
@@ -35,18 +33,7 @@ one parent per sweep with `sweep/children.csv` and `sweep/*.png`.
 in the table and these charts first. Pair two runs by prompt: `python -m dflash.compare A B`.
 """
 
-DFLASH2_SPECFORGE = {  # our MLflow name -> SpecForge's training metric (K = selector_top_k)
-    "acceptance_length": "dflash2/selector/walk_accepted_length (there: over sampled anchors)",
-    "acceptance_length_unary": "dflash/hard_label/walk_accepted_length",
-    "selector_gain": "the difference of the two walk_accepted_length",
-    "expected_acceptance_length_unary": "dflash/hard_label/*_accepted_length of the unary argmax (1 + Σ Π unary accuracy)",
-    "expected_acceptance_length_topk": "dflash/hard_label/unary_topK_oracle_accepted_length",
-    "by_position/unary_accuracy": "dflash/hard_label/unary_top1_accuracy, position_<j>",
-    "by_position/accuracy": "dflash2/selector/self_conditioned_marginal_accuracy, position_<j> (the walk's)",
-    "by_position/topk_recall": "dflash/hard_label/unary_topK_recall, position_<j>",
-}
-DFLASH2_CHARTS = [("acceptance_length_unary", "BAR"), ("selector_gain", "BAR"), ("by_position/unary_accuracy", "LINE"),
-                  ("by_position/topk_recall", "LINE")]
+DFLASH2_CHARTS = [(TAU_UNARY, "BAR"), (SELECTOR_GAIN, "BAR"), (f"{BY_POSITION}unary_accuracy", "LINE"), (f"{BY_POSITION}topk_recall", "LINE")]
 HEADLINE = [("acceptance_length", "BAR"), ("by_position/accept_rate", "LINE"), ("by_position/accept_rate_cond", "LINE"),
             ("by_position/accuracy", "LINE"), ("by_commit/share", "LINE")]
 COLLAPSED = ["by_position", "expected_acceptance_length", "leak_probe", "time", "Model metrics", "System metrics"]
@@ -106,3 +93,48 @@ def setup_eval_experiment(uri: str, experiment_id: str, subsets: Sequence[str]) 
         client.set_experiment_tag(experiment_id, key, json.dumps(envelope))
 
 
+
+
+TRAINING_VIEW_KEY = "dflash-training"  # a training run's parent: mlflow.sharedViewState.dflash-training
+
+
+def training_view(train_accuracy: str | None) -> dict[str, Any]:
+    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train/<name>`) against the
+    training step, on one chart; then expected τ with the teacher-forced accuracy at slots 1-3; the rest collapsed."""
+    def line(i: int, keys: list[str]) -> dict[str, Any]:
+        return {"uuid": f"dflash-training-{i}", "type": "LINE", "runsCountToCompare": 10, "metricSectionId": "dflash-training", "deleted": False,
+                "isGenerated": False, "metricKey": keys[0], "selectedMetricKeys": keys, "xAxisKey": "step", "useGlobalXaxisKey": False,
+                "lineSmoothness": 0, "useGlobalLineSmoothing": False, "scaleType": "linear", "xAxisScaleType": "linear", "displayPoints": True,
+                "selectedXAxisMetricKey": "", "range": {}}
+
+    first = ["acceptance_length", *([f"train/{train_accuracy}"] if train_accuracy else [])]
+    charts = [line(0, first), line(1, ["expected_acceptance_length", "accuracy/slot_1", "accuracy/slot_2", "accuracy/slot_3"])]
+    sections = [("dflash-training", "τ and the trainer's accuracy by training step", True)] + \
+        [(f"dflash-t{i}", name, False) for i, name in enumerate(["acceptance_length", "accuracy", "train", *COLLAPSED])]
+    return {
+        "selectedColumns": ["attributes.`Dataset`", "metrics.`acceptance_length`", "metrics.`acceptance_length_se`",
+                            "metrics.`expected_acceptance_length`"],
+        "compareRunCharts": charts,
+        "compareRunSections": [{"uuid": u, "name": n, "display": d, "isReordered": False, "deleted": False, "isGenerated": False}
+                               for u, n, d in sections],
+        "isAccordionReordered": True, "hideEmptyCharts": True, "runsExpanded": {}, "runsPinned": [], "runsHidden": [], "groupBy": None,
+        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+    }
+
+
+def setup_training_view(uri: str, experiment_id: str, train_accuracy: str | None) -> None:
+    """The saved view "dflash: τ by training step" on the experiment (its first chart: τ and `train/<train_accuracy>`)."""
+    key = f"mlflow.sharedViewState.{TRAINING_VIEW_KEY}"
+    client = mlflow_client(uri)
+    state = json.dumps(training_view(train_accuracy))
+    with store_lock(uri):
+        old = client.get_experiment(experiment_id).tags.get(key)
+        if old and json.loads(old).get("state") == state:
+            return
+        envelope = {"name": "dflash: τ by training step", "createdAt": int(time.time() * 1000), "state": state}
+        client.set_experiment_tag(experiment_id, key, json.dumps(envelope))
+
+
+def training_view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's chart view through the training-run view: τ and training accuracy by step on one chart."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={TRAINING_VIEW_KEY}&compareRunsMode=CHART"

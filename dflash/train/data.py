@@ -24,7 +24,7 @@ from dflash.util.progress import log
 
 
 @dataclass
-class Sequence:
+class TrainSeq:
     ids: list[int]  # rendered prompt + greedy response
     prompt_len: int
 
@@ -67,14 +67,14 @@ def build_sequences(
     cache_dir: str | Path,
     shard_size: int = 1024,
     min_response_tokens: int = 16,
-) -> list[Sequence]:
+) -> list[TrainSeq]:
     """Render, regenerate greedily with the target, cache: -> prompt + response sequences
     (prompts over max_prompt_tokens and responses under min_response_tokens left out)."""
     rendered = [render(p, target.tokenizer, template) for p in prompts]
     rendered = [r for r in rendered if len(r) <= max_prompt_tokens]
     key = data_key(f"{target.identity}:{target.dtype}", rendered, max_new_tokens, template)
     root = Path(cache_dir).expanduser() / "train_data" / key
-    seqs: list[Sequence] = []
+    seqs: list[TrainSeq] = []
     for s0 in range(0, len(rendered), shard_size):
         shard = root / f"shard_{s0 // shard_size:04d}.pt"
         if shard.is_file():
@@ -86,6 +86,6 @@ def build_sequences(
         o = 0
         for n, pl in zip(lens, plens):
             if n - pl >= min_response_tokens:
-                seqs.append(Sequence(ids=flat[o : o + n], prompt_len=pl))
+                seqs.append(TrainSeq(ids=flat[o : o + n], prompt_len=pl))
             o += n
     return seqs

@@ -81,7 +81,7 @@ def bug1_labels(target: Any, final: Tensor, clean: Tensor, anchors: Tensor, std:
 @torch.no_grad()
 def response_last_hidden(target: Any, seqs: list[Any]) -> Tensor:
     """Final-layer states at every position whose next token is a response token of seqs
-    (dflash.train.data.Sequence) -> [N, H]."""
+    (dflash.train.data.TrainSeq) -> [N, H]."""
     return torch.cat([final_layer_states(target, torch.tensor([s.ids], device=target.device))[0, s.prompt_len - 1 : -1] for s in seqs])
 
 

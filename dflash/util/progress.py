@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 log = logging.getLogger("dflash")
 T = TypeVar("T")
 _enabled = True
+clock = time.monotonic  # seconds; tests put a fake clock here
 
 
 def configure(enabled: bool = True) -> None:
@@ -46,7 +47,7 @@ class Progress:
     def __init__(self, desc: str, total: int | None = None, unit: str = "it", interval: float = 10.0):
         self.desc, self.total, self.unit, self.interval = desc, total, unit, interval
         self.n = 0
-        self.t0 = self.last = time.monotonic()
+        self.t0 = self.last = clock()
         self.bar: Any = None
         if _enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
@@ -60,7 +61,7 @@ class Progress:
         self.close(ok=exc[0] is None)
 
     def _line(self, verb: str) -> str:
-        dt = time.monotonic() - self.t0
+        dt = clock() - self.t0
         of = f"/{self.total}" if self.total is not None else ""
         rate = f", {self.n / dt:.1f} {self.unit}/s" if dt > 0 and self.n else ""
         return f"{self.desc}: {verb} {self.n}{of} {self.unit} in {dt:.1f} s{rate}"
@@ -74,11 +75,20 @@ class Progress:
             if postfix:
                 self.bar.set_postfix(postfix, refresh=False)
             return
-        now = time.monotonic()
+        now = clock()
         if now - self.last >= self.interval:
             self.last = now
             extra = "".join(f", {k} {v}" for k, v in postfix.items())
             log.info(self._line("at") + extra)
+
+    def shrink_total(self, n: int) -> None:
+        """n of the total will not come (a row that stopped early leaves its budget unused): the bar still ends full."""
+        if self.total is None or n <= 0:
+            return
+        self.total -= n
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
 
     def close(self, ok: bool = True) -> None:
         if self.bar is not None:

@@ -31,14 +31,10 @@ class CompareError(UserError):
 @dataclass(frozen=True)
 class RunIdentity:
     """What a run's references and features depend on beyond its rows: the target's identity and dtype
-    (the run's tags `target_identity`, `dtype`); None where a run did not say."""
+    (read back from the run by dflash.tracking: `RunTags`); None where a run did not say."""
 
     target: Optional[str] = None
     dtype: Optional[str] = None
-
-    @classmethod
-    def from_tags(cls, tags: dict[str, str]) -> "RunIdentity":
-        return cls(tags.get("target_identity"), tags.get("dtype"))
 
 
 Pair = tuple[PromptRow, PromptRow]
@@ -152,5 +148,6 @@ def compare_artifacts(name_a: str, name_b: str, rows: list[CompareRow]) -> dict[
     from dflash.report import plots
 
     stem = re.sub(r"[^A-Za-z0-9_.@=-]+", "_", f"compare_{name_a}_vs_{name_b}")
-    png = plots.gaps_png(rows, title=f"B = {name_b}  minus  A = {name_a}, paired by prompt")
+    png = plots.gaps_png([r.metric for r in rows], [r.diff for r in rows], [r.se for r in rows],
+                         title=f"B = {name_b}  minus  A = {name_a}, paired by prompt")
     return {f"{stem}.csv": table_csv([asdict(r) for r in rows]).encode(), f"{stem}.png": png}

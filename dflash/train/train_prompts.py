@@ -11,7 +11,7 @@ contains the other, or that shares any run of `NGRAM` words (lower-cased, punctu
 `build_prompts` drops every candidate that overlaps a prompt of any evaluation set in
 `conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and tests/test_train.py checks it.
 
-    python -m dflash.train.prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
+    python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
 
 
 def main() -> None:
-    """python -m dflash.train.prompts OUT.jsonl [NUM_PROMPTS [SEED]]: write the training prompts."""
+    """python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]: write the training prompts."""
     import sys
 
     out = sys.argv[1] if len(sys.argv) > 1 else ".cache/train_prompts.jsonl"

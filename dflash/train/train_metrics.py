@@ -81,7 +81,7 @@ class Tracker:
 
             rid_file = run_dir / "mlflow_run_id"
             run_id = rid_file.read_text().strip() if rid_file.is_file() else None  # resumed: keep logging to it
-            tags = {"dflash.kind": "train", "dflash.variant": name, **{f"dflash.bug.{k}": str(v) for k, v in bugs.items()}}
+            tags = tracking.train_tags(name, bugs)
             self.run = tracking.Run(
                 t.uri, t.experiment or f"dflash-train/{target_name}", name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id
             )
@@ -107,8 +107,7 @@ def import_metrics(run_dir: str | Path, uri: str = "sqlite:///mlflow.db", experi
 
     run_dir = Path(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
-    tags = {"dflash.kind": "train", "dflash.variant": run_dir.name, "dflash.imported_from": str(run_dir / "metrics.jsonl"),
-            **{f"dflash.bug.{k}": str(v) for k, v in (summary.get("bugs") or {}).items()}}
+    tags = tracking.train_tags(run_dir.name, summary.get("bugs") or {}, str(run_dir / "metrics.jsonl"))
     with tracking.Run(uri, experiment or f"dflash-train/{target_name}", run_dir.name, tags=tags) as run:
         if (run_dir / "params.json").is_file():
             run.log_params(json.loads((run_dir / "params.json").read_text()))
