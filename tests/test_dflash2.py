@@ -7,12 +7,13 @@ tests (replay, online loop, trainer)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import MASK_ID, VOCAB
-from test_fidelity import LAYERS, H, weights, write_drafter
+from test_fidelity import FFN, HEADS, KV, LAYERS, TAPS, D, H, inputs, ours, reference_forward, weights, write_drafter
 from test_refusals import _evaluate, broken_target  # noqa: F401 (fixture)
 
 from dflash.models.checkpoint import build_drafter, fit_drafter, read_drafter
@@ -261,3 +262,72 @@ def test_a_reduced_draft_vocabulary_is_refused_for_dflash2(tmp_path):
     sd = {**dflash2_weights(weights()), "lm_head.weight": torch.randn(len(ids), H), "d2t": ids - torch.arange(len(ids))}
     with pytest.raises(CheckpointError, match=r"draft_vocab_size=64 < vocab_size=256 in a DFlash2DraftModel"):
         read_drafter("hf", "x", path=str(write_dflash2(tmp_path / "d", sd=sd, top={"draft_vocab_size": len(ids)})))
+
+
+# --- a public DFlash2 config: is_causal false, every layer sliding_attention ----------------------
+
+
+def zlab_shaped(folder: Path, sd: dict, window: int = 5, is_causal: bool = False) -> Path:
+    """z-lab/dflash's tests/fixtures/dflash2-config.json key for key, scaled down (hidden 6656 -> 64, 5 -> 2
+    layers, block 16 -> 4, window 2048 -> 5 so that it cuts the test's contexts, vocabulary 202048 -> 256)."""
+    from safetensors.torch import save_file
+
+    cfg = {
+        "architectures": ["DFlash2DraftModel"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1, "is_causal": is_causal,
+        "dflash_config": {"block_size": 4, "conv_group_size": GS, "conv_kernel_size": T, "final_logit_softcapping": 20.0,
+                          "mask_token_id": MASK_ID, "output_multiplier": 0.19611613513818404, "selector_rank": RANK,
+                          "selector_top_k": TOPK, "target_layer_ids": TAPS},
+        "dtype": "bfloat16", "eos_token_id": 2, "head_dim": D, "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02,
+        "intermediate_size": FFN, "layer_types": ["sliding_attention"] * LAYERS, "max_position_embeddings": 512,
+        "max_window_layers": LAYERS, "model_type": "qwen3", "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
+        "num_key_value_heads": KV, "num_target_layers": 6, "pad_token_id": 0, "rms_norm_eps": 1e-05,
+        "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "sliding_window": window, "tie_word_embeddings": False,
+        "transformers_version": "5.15.0", "use_cache": False, "use_sliding_window": True, "vocab_size": VOCAB,
+    }
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(sd, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_zlab_config_non_causal_sliding_layers(tmp_path, qwen3_target):
+    """Read as SGLang reads it: every layer non-causal and windowed. With identity convolutions the block's states
+    equal transformers' layers under that mask (test_fidelity.reference_forward, window cutting the context)."""
+    from dflash.models.drafter_config import effective_config
+
+    folder = zlab_shaped(tmp_path / "id", dflash2_weights(weights(), identity=True))
+    src = fit_drafter(read_drafter("hf", "x", path=str(folder)), qwen3_target)
+    d = build_drafter(src).model
+    assert src.config.causal is False and d.causal == [False] * LAYERS and d.windows == [5] * LAYERS
+    eff = effective_config(src.config)
+    assert eff["causal_layers"] == [] and eff["sliding_window_applied"] and eff["dflash2_final_logit_softcapping"] == 20.0
+    taps, emb = inputs(p=20)
+    got = ours(d, taps, emb, 20)
+    torch.testing.assert_close(got, reference_forward(folder, taps, emb, 20, causal=False), atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(got, reference_forward(folder, taps, emb, 20), atol=1e-3)  # the causal reading differs
+    assert not torch.allclose(got, reference_forward(folder, taps, emb, 20, window=False, causal=False), atol=1e-3)  # the window cuts
+
+
+def test_zlab_config_replay_equals_the_online_loop(tmp_path, qwen3_target):
+    """Far from identity, on the tiny target: the replay's proposals are the online loop's, block for block, and
+    differ from the same weights read causal or without the window."""
+    from shortcuts import evaluate_sequence, load_drafter
+
+    from dflash.models.forward import tapped_forward
+    from dflash.online.speculative import speculative_generate
+
+    seq, first = [5, 9, 17, 33, 60, 61, 62, 100, 101, 7, 8, 9, 10, 120, 121, 122, 3, 4, 200, 201], 6
+    sd = dflash2_weights({k: v * 4 if v.dim() == 2 else v for k, v in weights(3).items()})
+    path = zlab_shaped(tmp_path / "d", sd)
+    d = load_drafter(qwen3_target, "hf", "x", path=str(path)).model
+    online = speculative_generate(qwen3_target, d, seq[:first], 14)
+    taps = tapped_forward(qwen3_target, torch.tensor([seq[:first] + online.tokens]), d.cfg.target_layer_ids)[0]
+    _, blocks = evaluate_sequence(d, qwen3_target, seq[:first], online.tokens, taps)
+    assert [b.proposal for b in blocks] == [b.proposal for b in online.blocks] and len(blocks) > 1
+    full = seq[:first] + online.tokens
+    taps = tapped_forward(qwen3_target, torch.tensor([full]), d.cfg.target_layer_ids)[0]
+    walks = []
+    for m in (d, load_drafter(qwen3_target, "hf", "x", path=str(zlab_shaped(tmp_path / "c", sd, is_causal=True))).model,
+              load_drafter(qwen3_target, "hf", "x", path=str(path), sliding_window="ignore").model):
+        walks.append([b.proposal for b in evaluate_sequence(m, qwen3_target, seq[:first], online.tokens, taps, anchors="all")[1]])
+    assert walks[0] != walks[1] and walks[0] != walks[2]

@@ -66,11 +66,12 @@ def write_drafter(folder: Path, qwen3: dict | None = None, top: dict | None = No
     return folder
 
 
-def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: int, window: bool = True) -> torch.Tensor:
+def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: int, window: bool = True, causal: bool = True) -> torch.Tensor:
     """One block at anchor p, from transformers' Qwen3 components: taps [p, n*H] (context t < p),
     emb [B, H] -> final-normed hidden [B, H]. Keys: the fused context through each layer's
     k_proj/k_norm/v_proj at positions 0..p-1, then the block at p..p+B-1; full-attention layers
-    see every key, sliding ones (window w) keys at positions k <= q with q - k < w."""
+    see every key, sliding ones (window w) keys at positions k <= q with q - k < w (without `causal`:
+    every k with q - k < w, later block slots too). DFlash2's convolution tensors are not read."""
     from safetensors.torch import load_file
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb, repeat_kv
@@ -88,7 +89,7 @@ def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: in
     x = emb
     for i in range(cfg.num_hidden_layers):
         layer = Qwen3DecoderLayer(cfg, i)
-        layer.load_state_dict({k[len(f"layers.{i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{i}.")})
+        layer.load_state_dict({k[len(f"layers.{i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{i}.") and "_conv." not in k})
         a, h = layer.self_attn, layer.input_layernorm(x)
         kv_in = torch.cat([ctx, h])  # [p+B, H]
         q = a.q_norm(a.q_proj(h).view(B, -1, D)).transpose(0, 1)[None]  # [1, nh, B, D]
@@ -99,7 +100,7 @@ def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: in
         k, v = repeat_kv(k, a.num_key_value_groups), repeat_kv(v, a.num_key_value_groups)
         scores = q @ k.transpose(-1, -2) * a.scaling  # [1, nh, B, p+B]
         if window and cfg.layer_types[i] == "sliding_attention":
-            visible = (kpos <= qpos) & (qpos - kpos < cfg.sliding_window)
+            visible = ((kpos <= qpos) | (not causal)) & (qpos - kpos < cfg.sliding_window)
             scores = scores.masked_fill(~visible, float("-inf"))
         o = (scores.softmax(-1) @ v)[0].transpose(0, 1).reshape(B, -1)
         x = x + a.o_proj(o)

@@ -130,6 +130,22 @@ def test_causal_blocks(qwen3_target, tmp_path):
     assert torch.allclose(h[..., :3, :], h2[..., :3, :]) and not torch.allclose(h[..., 3, :], h2[..., 3, :])  # slot 3 unseen by 0..2
 
 
+def test_non_causal_sliding_mask():
+    """is_causal: false with sliding layers (public DFlash2 configs), as SGLang and SpecForge read it: the block
+    seen both ways (the window bounding it on the left only), the context windowed from the query's own position."""
+    p, T, B, w = 6, 8, 4, 3
+    m = visibility_mask(torch.tensor([[p]]), T, B, window=w, causal=False)[0]  # [B slots, T context + B slots]
+    assert m[0].int().tolist() == [0, 0, 0, 0, 1, 1, 0, 0] + [1, 1, 1, 1]  # slot 0 (position 6): context 4, 5; every slot
+    assert m[3].int().tolist() == [0] * 8 + [0, 1, 1, 1]  # slot 3 (position 9): no context left in the window; slots 1..3
+    for i in range(B):
+        assert m[i, :T].nonzero()[:, 0].tolist() == [t for t in range(T) if p + i - w < t < p]
+        assert m[i, T:].nonzero()[:, 0].tolist() == [j for j in range(B) if i - j < w]
+    causal = visibility_mask(torch.tensor([[p]]), T, B, window=w)[0]  # a sliding layer's default: causal
+    assert torch.equal(causal, m & torch.cat([torch.ones(B, T, dtype=torch.bool), torch.ones(B, B, dtype=torch.bool).tril()], 1))
+    wide = visibility_mask(torch.tensor([[p]]), T, B, window=2048, causal=False)[0]  # public window: all of the block, all t < p
+    assert wide[:, T:].all() and wide[:, :p].all() and not wide[:, p:T].any()
+
+
 def test_own_embedding_and_lm_head(qwen3_target, tmp_path):
     """Equal to the target's: the same drafter (and shared, as vLLM); a permuted head: permuted proposals;
     another embedding: other proposals, the online loop equal to the replay."""
@@ -192,9 +208,11 @@ REFUSALS = {  # name: (config change, tensors, words)
     "use_aux_hidden_state": (lambda c: c["dflash_config"].update(use_aux_hidden_state=False), None, "dflash_config.use_aux_hidden_state=False"),
     "sink bias": (lambda c: c.update(add_swa_attention_sink_bias=True), None, "add_swa_attention_sink_bias=True"),
     "dflash sink bias": (lambda c: c["dflash_config"].update(attention_sink_bias=True), None, "dflash_config.attention_sink_bias=True"),
-    "use_swa without causal": (lambda c: c["dflash_config"].update(use_swa=True, swa_window_size=4), None, "dflash_config.use_swa=True"),
-    "causal false on sliding": (lambda c: c.update(layer_types=["sliding_attention"] * 2, sliding_window=4, use_sliding_window=True,
-                                                   dflash_config={**c["dflash_config"], "causal": False}), None, "dflash_config.causal=False"),
+    "use_swa without causal, window < block": (lambda c: c["dflash_config"].update(use_swa=True, swa_window_size=3), None,
+                                               "causal=false with sliding_window=3 < block_size"),
+    "causal false, window < block": (lambda c: c.update(layer_types=["sliding_attention"] * 2, sliding_window=3, use_sliding_window=True,
+                                                        dflash_config={**c["dflash_config"], "causal": False}), None,
+                                     "causal=false with sliding_window=3 < block_size"),
     "aux id 0": (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 3]), None, "eagle_aux_hidden_state_layer_ids=[0, 2, 3]"),
     "reduced vocab without d2t": (lambda c: c.update(draft_vocab_size=64), _sd_with(**{"lm_head.weight": torch.zeros(64, H)}), "tensor d2t"),
     "reduced vocab without head": (lambda c: c.update(draft_vocab_size=64), _sd_with(d2t=torch.zeros(64, dtype=torch.long)), "lm_head.weight"),
@@ -240,10 +258,11 @@ def test_speculators_field_refusal_names_the_key(tmp_path, case):
 
 def test_non_causal_sliding_speculators_and_mask_embedding_file(tmp_path):
     raw = speculators_config(tmp_path, sliding_window_non_causal=True)
-    read_drafter("hf", "x", path=str(folder(tmp_path / "full", raw, weights())))  # no sliding layers: the flag changes nothing
+    assert read_drafter("hf", "x", path=str(folder(tmp_path / "full", raw, weights()))).config.causal is None  # no sliding layers: nothing
     raw["transformer_layer_config"].update(layer_types=["sliding_attention"] * 2, sliding_window=4, use_sliding_window=True)
-    with pytest.raises(CheckpointError, match="sliding_window_non_causal=True"):
-        read_drafter("hf", "x", path=str(folder(tmp_path / "swa", raw, weights())))
+    assert read_drafter("hf", "x", path=str(folder(tmp_path / "swa", raw, weights()))).config.causal is False  # non-causal sliding layers
+    raw["sliding_window_non_causal"] = False
+    assert read_drafter("hf", "x", path=str(folder(tmp_path / "c", raw, weights()))).config.causal is None  # sliding: causal by type
     path = folder(tmp_path / "m", hf_config(tmp_path), weights())
     torch.save(torch.zeros(H), path / "mask_embedding.pt")
     with pytest.raises(CheckpointError, match="mask_embedding.pt"):

@@ -30,9 +30,9 @@ CONFIG_REFUSALS = {  # name: (write_drafter kwargs, words the message must hold)
     "has_embed_tokens": ({"top": {"has_embed_tokens": True}}, "has_embed_tokens=True"),
     "quantization_config": ({"top": {"quantization_config": {"quant_method": "fp8"}}}, "quantization_config="),
     "input_embedding_scale": ({"dflash": {"input_embedding_scale": 2.0}}, "input_embedding_scale=2.0"),
-    "is_causal on sliding layers": (
-        {"top": {"is_causal": False}, "qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4,
-                                                "use_sliding_window": True}}, "is_causal=False",
+    "non-causal window inside the block": (
+        {"top": {"is_causal": False}, "qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3,
+                                                "use_sliding_window": True}}, "causal=false with sliding_window=3 < block_size",
     ),
     "mlp_bias": ({"top": {"mlp_bias": True}}, "mlp_bias=True"),
     "hidden_act": ({"qwen3": {"hidden_act": "gelu"}}, "hidden_act='gelu'"),

@@ -16,8 +16,9 @@ One layout serves inference, the offline replay and training: for S sequences wi
 each, queries are the N*B block slots flattened, keys are `[T context positions] + [N*B block
 slots]`. Block n (anchor at position p_n) sees context positions t < p_n and the slots of its
 own block, bidirectionally (causally with vLLM's `dflash_config.causal`); nothing else. A
-`sliding_attention` layer (config `layer_types` + `sliding_window` w) applies SGLang's rule on top: causal, and only keys at positions > q - w
-(the window includes the query itself); `sliding_window="ignore"` treats those layers as full
+`sliding_attention` layer (config `layer_types` + `sliding_window` w) applies SGLang's rule on top: causal
+(unless the config says `is_causal: false`, as public DFlash2 configs do), and only keys at positions
+> q - w (the window includes the query itself); `sliding_window="ignore"` treats those layers as full
 attention, as z-lab's transformers loop under sdpa/eager did. `mask_mod` states the rule once:
 `visibility_mask` evaluates it densely (sdpa, eager), `flex_block_mask` as a flex_attention
 BlockMask (CUDA). One block at inference is the case N = 1 with T = committed positions.
@@ -111,9 +112,12 @@ def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool
     Query q is slot i = q % B of block n = q // B (anchor p_n, position p_n + i). Context key t
     (position t) is visible iff t < p_n (t <= p_n with `see_anchor`); block key kv is visible iff it
     is a slot j of the query's own block. `causal` (default: with a window) also requires j <= i
-    (vLLM's `causal` layers). With a sliding `window` w (SGLang's sliding_attention layers: causal,
-    window_left = w - 1) a key at position k must also satisfy q_pos - k < w: context t > p_n + i - w,
-    and slots with i - j < w.
+    (vLLM's `causal` layers). With a sliding `window` w (SGLang's sliding_attention layers, window_left
+    = w - 1) a key at position k must also satisfy q_pos - k < w: context t > p_n + i - w, and slots
+    with i - j < w. A non-causal sliding layer (`causal=False`: public DFlash2 configs, `is_causal:
+    false`) sees its block both ways (the window bounds it on the left only: i - j < w, no j <= i) and
+    the context windowed from the query's own position, as SGLang and SpecForge read it (the config
+    parser refuses w < B, the one case where SGLang's attention backends differ).
     """
     B, T = block_size, ctx_len
     causal = window is not None if causal is None else causal

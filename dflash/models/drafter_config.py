@@ -310,8 +310,12 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
             "layer_types has sliding_attention layers but the config gives no window (transformers keeps sliding_window only "
             "with use_sliding_window: true; SGLang refuses such a config): set use_sliding_window: true and sliding_window"
         )
-    if dflash.get("causal") is False and "sliding_attention" in layer_types:  # formats.py says why
-        raise CheckpointError("dflash_config.causal=false with sliding_attention layers is not implemented")
+    if "sliding_attention" in layer_types and dflash.get("causal") is False and window < _block_of(dflash, raw):
+        raise CheckpointError(
+            f"is_causal / dflash_config.causal=false with sliding_window={window} < block_size: a non-causal sliding layer's window "
+            "then cuts its own block, where SGLang's attention backends disagree (FA3: both sides, FlashInfer / Triton: the left "
+            "side only); not implemented. Use a window of at least block_size (public DFlash2 drafters use 2048)"
+        )
     if hf.num_attention_heads % hf.num_key_value_heads:
         raise CheckpointError(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={hf.num_key_value_heads}")
 
@@ -341,6 +345,12 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     if (w := attention_scaling_warning(cfg)) is not None:
         warnings.append(w)
     return cfg, warnings
+
+
+def _block_of(dflash: dict[str, Any], raw: dict[str, Any]) -> int:
+    """block_size as SGLang reads it (dflash_config first, then the top level, else 16); its type checked already."""
+    b = dflash.get("block_size", raw.get("block_size"))
+    return 16 if b is None else int(b)
 
 
 def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str, Any]:

@@ -8,16 +8,18 @@ tensor names, reading every field that changes the computation as vLLM reads it,
   `dflash_config`; taps from `eagle_aux_hidden_state_layer_ids` or `dflash_config.layer_ids`, which
   count as vLLM's aux ids (the residual stream *entering* decoder layer i, i.e. the output of layer
   i - 1: DFlash tap = id - 1; DFlash's own `target_layer_ids` are outputs, vLLM adds 1 to them);
-  `is_causal` / `dflash_config.causal` -> `dflash_config.causal` (every layer); `use_swa` +
-  `swa_window_size` -> `layer_types` + `sliding_window`; `use_aux_hidden_state: false` and attention
+  `is_causal` / `dflash_config.causal` -> `dflash_config.causal` (every layer; false with sliding layers:
+  non-causal in the block, the window still limiting the context, as SGLang reads public DFlash2 configs);
+  `use_swa` + `swa_window_size` -> `layer_types` + `sliding_window`; `use_aux_hidden_state: false` and attention
   sinks refused. `target_hidden_size`, `draft_vocab_size`, `logit_scale` pass to the parser as they are.
 - speculators (`speculators_model_type` dflash / dflash2): `transformer_layer_config` (written as a
   diff against transformers' Qwen3Config defaults, so missing keys take those defaults) becomes the
   top level; `aux_hidden_state_layer_ids` (vLLM's aux ids: taps = id - 1, as vLLM's speculators
   adapter maps them), `block_size`, `mask_token_id`, `draft_vocab_size`, `target_hidden_size` as
   above; dflash2's convolution and selector keys go to `dflash_config` under
-  `architectures: ["DFlash2DraftModel"]` for the parser to judge. Refused: a Domino projector,
-  `sample_from_anchor`, `shift_label`, non-causal sliding layers, a proposal count other than B - 1.
+  `architectures: ["DFlash2DraftModel"]` for the parser to judge; `sliding_window_non_causal` (true by
+  default for dflash2) -> `dflash_config.causal: false` where there are sliding layers. Refused: a Domino
+  projector, `sample_from_anchor`, `shift_label`, a proposal count other than B - 1.
 - Tensors (vLLM's weight mapper): `midlayer.` -> `layers.0.`, `encoder.fc.` -> `fc.`,
   `encoder.output_norm_enc.` -> `hidden_norm.`, `draft_id_to_target_id` -> `d2t`; `t2d` dropped (vLLM
   skips it). `own_tensors` then reads `embed_tokens.weight`, `lm_head.weight` and `d2t` as vLLM does
@@ -115,18 +117,17 @@ def _vllm_keys(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     n = d.get("num_hidden_layers")
     types = d.get("layer_types") or (["full_attention"] * n if isinstance(n, int) else None)
     if use_swa and types is not None and "sliding_attention" not in types:
-        if not dc.get("causal"):
-            raise _refuse("dflash_config.use_swa", use_swa, "vLLM then makes every layer a sliding layer without causality "
-                          "(unless dflash_config.causal: true), which its attention backends define differently; not implemented")
         d["layer_types"] = types = ["sliding_attention"] * len(types)
         notes.append("dflash_config.use_swa: every layer a sliding_attention layer, as vLLM reads it")
+        if not dc.get("causal"):
+            dc["causal"] = False  # vLLM's use_swa layers are causal only with dflash_config.causal
+            notes.append("dflash_config.use_swa without causal: true: the sliding layers are non-causal (see is_causal below)")
     if window is not None and types is not None and "sliding_attention" in types:
         d["sliding_window"], d["use_sliding_window"] = window, True  # vLLM: swa_window_size before sliding_window
         notes.append(f"dflash_config.swa_window_size={window}: the sliding window, as vLLM reads it")
     if dc.get("causal") is False and types is not None and "sliding_attention" in types:
-        key = "is_causal" if is_causal is not None else "dflash_config.causal"
-        raise _refuse(key, False, "sliding_attention layers without causality, which vLLM's attention backends define "
-                      "differently; not implemented. Use a drafter whose sliding layers are causal")
+        notes.append("causal=false with sliding_attention layers: every layer non-causal inside the block, the window still "
+                     "limiting the context keys (SGLang's and SpecForge's reading of public DFlash2 configs)")
     if dc or "dflash_config" in raw:
         d["dflash_config"] = dc
     return d
@@ -145,11 +146,13 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     rest = {k: v for k, v in raw.items() if k != "transformer_layer_config"}
     for key, bad, why in (("projector_type", lambda v: v not in (None, "dflash"), "the Domino correction head"),
                           ("sample_from_anchor", bool, "drafting the anchor slot too (DSpark's block)"),
-                          ("shift_label", bool, "predictions shifted by one position (Domino's)"),
-                          ("sliding_window_non_causal", bool, "sliding layers without causality")):
-        v = rest.pop(key, kind == "dflash2" if key == "sliding_window_non_causal" else None)  # speculators' defaults
-        if bad(v) and not (key == "sliding_window_non_causal" and "sliding_attention" not in (tlc.get("layer_types") or [])):
+                          ("shift_label", bool, "predictions shifted by one position (Domino's)")):
+        v = rest.pop(key, None)
+        if bad(v):
             raise _refuse(key, v, f"switches on {why}, which this evaluator does not implement; use a drafter without it")
+    non_causal = rest.pop("sliding_window_non_causal", kind == "dflash2")  # speculators' default
+    if not isinstance(non_causal, bool):
+        raise _refuse("sliding_window_non_causal", non_causal, "should be true or false; fix config.json")
     cfg: dict[str, Any] = {**{k: v for k, v in tlc.items() if k not in ("architectures", "_name_or_path")}}
     defaults = Qwen3Config()
     for k in (*REQUIRED, "num_key_value_heads", "vocab_size"):
@@ -157,6 +160,8 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
             cfg[k] = getattr(defaults, k)  # to_diff_dict left out transformers' default
     cfg["architectures"] = [SPEC_TYPES[kind]]
     dc = {k: rest.pop(k) for k in DFLASH2_KEYS if k in rest}
+    if non_causal and "sliding_attention" in (tlc.get("layer_types") or []):
+        dc["causal"] = False  # sliding layers non-causal; full layers are so already
     block, mask = rest.pop("block_size", 8), rest.pop("mask_token_id", None)  # speculators' default block: 8
     dc.update({"block_size": block, "mask_token_id": mask})
     aux = rest.pop("aux_hidden_state_layer_ids", None)
