@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig
-from dflash.models.checkpoint import DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
+from dflash.models.checkpoint import INIT_DFLASH2, DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
 from dflash.models.drafter import ATTENTION_BACKENDS, SLIDING_WINDOW
 from dflash.models.drafter_config import effective_config
 from dflash.models.formats import share_equal
@@ -91,7 +91,8 @@ def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource
         overrides["mask_token_id"] = d.mask_token_id if d.mask_token_id is not None else t.mask_token_id
         overrides["target_layer_ids"] = d.target_layer_ids or t.default_taps
     return read_drafter(d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=step, path=d.path, overrides=overrides,
-                        init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed})
+                        init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed, "arch": d.arch, "window": d.window,
+                              "is_causal": d.is_causal, **{k: getattr(d, k) for k in INIT_DFLASH2}})
 
 
 def load_target_for(plan: "Plan", timings: dict[str, float]) -> Target:

@@ -331,3 +331,40 @@ def test_zlab_config_replay_equals_the_online_loop(tmp_path, qwen3_target):
               load_drafter(qwen3_target, "hf", "x", path=str(path), sliding_window="ignore").model):
         walks.append([b.proposal for b in evaluate_sequence(m, qwen3_target, seq[:first], online.tokens, taps, anchors="all")[1]])
     assert walks[0] != walks[1] and walks[0] != walks[2]
+
+
+# --- drafter=init arch=dflash2 (the 27B-shape bench's drafter) ------------------------------------
+
+
+def _init_dflash2(target, seed: int = 1, **kw) -> DFlashDrafter:
+    init = {"num_layers": 2, "seed": seed, "arch": "dflash2", "window": 2048, "is_causal": False, "conv_kernel_size": 2,
+            "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4, **kw}
+    src = read_drafter("init", "init", overrides={"mask_token_id": MASK_ID, "block_size": 8}, init=init)
+    return build_drafter(fit_drafter(src, target)).model
+
+
+def test_drafter_init_builds_a_random_dflash2(qwen3_target):
+    """SpecForge's 27B example's kind (block 8, every layer sliding at 2048, non-causal) with random convolutions
+    and selector, not identity: the walk departs from the unary argmax. Seeded: the same drafter twice."""
+    d = _init_dflash2(qwen3_target)
+    assert d.cfg.arch == "dflash2" and d.cfg.block_size == 8 and d.windows == [2048, 2048] and d.causal == [False, False]
+    conv = d.layers[0].attention_conv
+    identity = BlockConv(H, 2, 16).identity_()
+    assert not torch.allclose(conv.base_kernel, identity.base_kernel) and conv.kernel_projection.weight.abs().sum() > 0
+    assert d.candidate_selector.successor_codebook.abs().sum() > 0
+    h, anchor = torch.randn(16, 7, H, generator=torch.Generator().manual_seed(0)), torch.arange(16)
+    p = propose(d, qwen3_target.lm_head, h, anchor)
+    assert not torch.equal(p.tokens, p.unary)
+    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), _init_dflash2(qwen3_target).state_dict().values()))
+
+
+def test_drafter_init_dflash2_sizes_named_as_overrides(qwen3_target):
+    with pytest.raises(CheckpointError, match=r"drafter.conv_group_size=7 should be a positive divisor of hidden_size \(64\)"):
+        _init_dflash2(qwen3_target, conv_group_size=7)
+    from dflash.config.schema import compose
+    from dflash.util.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drafter.arch shapes drafter=init only"):
+        compose(["drafter=hf", "drafter.path=x", "drafter.arch=dflash2"])
+    with pytest.raises(ConfigError, match="drafter.arch='dflash3'"):
+        compose(["drafter=init", "drafter.arch=dflash3"])

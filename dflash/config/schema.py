@@ -44,6 +44,9 @@ class TargetConfig:
     template: TemplateConfig = field(default_factory=TemplateConfig)
 
 
+INIT_ARCHS = ("dflash", "dflash2")  # drafter=init's architectures (DFLASH.md §8: dflash2)
+
+
 @dataclass
 class DrafterSchema:
     kind: str = MISSING  # training | hf | init
@@ -60,8 +63,24 @@ class DrafterSchema:
     num_layers: int = 1
     num_taps: Optional[int] = None  # null: the public rule, one tap per draft layer
     seed: int = 0
+    arch: str = "dflash"  # INIT_ARCHS; dflash2: block convolutions and selector, random (not identity), sizes below
+    conv_kernel_size: int = 2  # arch=dflash2: taps of the block convolutions (1..block_size)
+    conv_group_size: int = 16  # arch=dflash2: channels sharing one dynamic coefficient (divides the hidden size)
+    selector_rank: int = 256  # arch=dflash2
+    selector_top_k: int = 16  # arch=dflash2
+    window: Optional[int] = None  # every layer sliding_attention with this window (public DFlash2 configs: 2048); null: full layers
+    is_causal: Optional[bool] = None  # the config's is_causal (public DFlash2: false); null: causal exactly on sliding layers
 
     def __post_init__(self) -> None:
+        init_only = {k: v for k, v in (("arch", self.arch != "dflash"), ("window", self.window is not None),
+                                       ("is_causal", self.is_causal is not None)) if v}
+        if init_only and self.kind not in ("init", "???"):
+            raise ConfigError(f"drafter.{next(iter(init_only))} shapes drafter=init only; a checkpoint's config says what it is "
+                              f"(drafter={self.kind})")
+        if self.arch not in INIT_ARCHS and self.arch != "???":
+            raise ConfigError(f"drafter.arch={self.arch!r}: use one of {', '.join(INIT_ARCHS)}")
+        if self.window is not None and self.window < 1:
+            raise ConfigError(f"drafter.window={self.window}: use a positive number of positions (or null: full-attention layers)")
         if self.step != "???":
             sel = StepSelection.parse(self.step)
             if sel.many and self.kind not in ("training", "???"):

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from dflash.models.checkpoint_files import read_hf_folder, read_training_pickle, resolve_step
-from dflash.models.dflash2_config import check_dflash2_vocab
+from dflash.models.dflash2_config import check_dflash2_vocab, parse_dflash2
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
 from dflash.models.formats import own_tensors, translate
@@ -43,6 +43,9 @@ from dflash.util.files import find_path
 from dflash.util.progress import log
 
 IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # transformers' rotary caches: recomputed from the config
+
+
+INIT_DFLASH2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # drafter=init's DFlash2 sizes
 
 
 @dataclass
@@ -184,6 +187,24 @@ def init_config(target: Any, num_layers: int, num_taps: int | None, mask_token_i
     )
 
 
+def init_shape(cfg: DrafterConfig, init: dict[str, Any], vocab: int) -> DrafterConfig:
+    """drafter=init's layer kinds and architecture: `window` makes every layer sliding_attention (`is_causal` as a
+    config's), `arch=dflash2` adds DFlash2's parts, sizes checked as a config's (named as the drafter.* keys)."""
+    if init.get("window") is not None:
+        cfg = dataclasses.replace(cfg, layer_types=["sliding_attention"] * cfg.num_hidden_layers, sliding_window=int(init["window"]))
+    if init.get("is_causal") is not None:
+        cfg = dataclasses.replace(cfg, causal=bool(init["is_causal"]))
+    if init.get("arch", "dflash") == "dflash2":
+        keys = {k: init[k] for k in INIT_DFLASH2 if init.get(k) is not None}
+        try:
+            d2 = parse_dflash2(keys, cfg.hidden_size, cfg.block_size, vocab)
+        except CheckpointError as e:
+            raise CheckpointError(str(e).replace("config field dflash_config.", "drafter.").replace("dflash_config.", "drafter.")
+                                  .replace("fix config.json", "fix the override")) from None
+        cfg = dataclasses.replace(cfg, arch="dflash2", dflash2=d2)
+    return cfg
+
+
 def resolve_mask_token(token: str, tokenizer: Any) -> int:
     """`dflash_config.mask_token` -> its id in the target's tokenizer (one token of its vocabulary)."""
     tid = tokenizer.get_vocab().get(token)
@@ -234,9 +255,9 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
         mask = o.get("mask_token_id", i.get("mask_token_id"))
         if mask is None:
             raise CheckpointError("drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id")
-        cfg = init_config(
+        cfg = init_shape(init_config(
             target, int(i.get("num_layers", 1)), i.get("num_taps"), int(mask), int(o.get("block_size") or 16), o.get("target_layer_ids")
-        )
+        ), i, int(target.vocab_size))
     else:
         cfg, where = dataclasses.replace(src.config), src.path
         if cfg.mask_token_id is None and cfg.mask_token is not None:
@@ -279,7 +300,7 @@ def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any
     with torch.device("meta"):
         model = DFlashDrafter(src.config, sliding_window)
     if src.state_dict is None:
-        model.to_empty(device="cpu").init_weights(int(src.init.get("seed", 0)))
+        model.to_empty(device="cpu").init_weights(int(src.init.get("seed", 0)), identity=False)  # DFlash2's parts random too
         model.to(device=device, dtype=dtype)
     else:
         sd = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))

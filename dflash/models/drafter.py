@@ -292,9 +292,11 @@ class DFlashDrafter(nn.Module):
             self._rotary = Rotary(self.cfg)
         return self._rotary
 
-    def init_weights(self, seed: int, std: float = 0.02) -> "DFlashDrafter":
-        """Deterministic random weights (smoke runs, training start). DFlash2 starts as SpecForge does: identity
-        convolutions and a zero successor codebook, so its proposals are DFlash's until trained."""
+    def init_weights(self, seed: int, std: float = 0.02, identity: bool = True) -> "DFlashDrafter":
+        """Deterministic random weights (smoke runs, training start). DFlash2 with `identity` starts as SpecForge
+        trains it: identity convolutions and a zero successor codebook, so its proposals are DFlash's until trained;
+        without (drafter=init), random ones: each tap-0 kernel 1 + noise, the others and the projection noise, the
+        codebooks N(0, 1/rank) so that the selector's term is of the order of the unary logits' gaps."""
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -304,9 +306,17 @@ class DFlashDrafter(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=g) * std)
             for m in self.modules():
                 if isinstance(m, BlockConv):
-                    m.identity_()
+                    if identity:
+                        m.identity_()
+                    else:
+                        m.base_kernel[:, 0] += 1.0
             if self.cfg.dflash2 is not None:
-                self.candidate_selector.successor_codebook.zero_()
+                sel = self.candidate_selector
+                if identity:
+                    sel.successor_codebook.zero_()
+                else:
+                    for book in (sel.predecessor_codebook, sel.successor_codebook):
+                        book.copy_(torch.randn(book.shape, generator=g) / book.shape[1] ** 0.5)
         return self
 
     def context_kv(self, taps: Tensor) -> list[tuple[Tensor, Tensor]]:
