@@ -41,7 +41,7 @@ CONFIG_REFUSALS = {  # name: (write_drafter kwargs, words the message must hold)
     ),
     "unknown key": ({"top": {"frobnicate": 3}}, "unknown config key frobnicate=3"),
     "model_type": ({"top": {"model_type": "llama"}}, "model_type='llama'"),
-    "architectures": ({"top": {"architectures": ["DFlash2DraftModel"]}}, "DFlash2DraftModel"),
+    "architectures": ({"top": {"architectures": ["Eagle3DraftModel"]}}, "Eagle3DraftModel"),
     "string for an int": ({"top": {"hidden_size": "64"}}, "hidden_size='64' should be an integer"),
     "taps not a list": ({"dflash": {"target_layer_ids": "1,2,3"}}, "dflash_config.target_layer_ids='1,2,3' should be a non-empty list"),
     "float block size": ({"dflash": {"block_size": 16.5}}, "dflash_config.block_size=16.5 should be an integer"),

@@ -25,6 +25,11 @@ class BugsConfig:
 
 @dataclass
 class DrafterArch:
+    arch: str = "dflash"  # dflash | dflash2 (DFLASH.md §8: block convolutions + candidate selector, as SpecForge trains it)
+    conv_kernel_size: int = 2  # dflash2: taps of the block convolutions (1..block_size)
+    conv_group_size: int = 16  # dflash2: channels sharing one dynamic coefficient (divides the hidden size)
+    selector_rank: int = 256  # dflash2: the selector's rank
+    selector_top_k: int = 16  # dflash2: the unary candidates the selector chooses from
     num_layers: int = 1
     num_taps: int = 3
     intermediate_size: Optional[int] = None  # default: the target's
@@ -60,6 +65,7 @@ class OptimConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     gamma: float = 7.0
+    selector_loss_alpha: float = 1.0  # drafter.arch=dflash2: weight of the selector's CE over the unary top-k (SpecForge's)
     noise_std: float = 0.0  # Gaussian noise on the fc inputs, relative to each position's RMS
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa | eager
     target_dtype: str = "float32"  # the target's weights (labels and taps); the drafter trains in fp32 + autocast
@@ -104,6 +110,7 @@ def register() -> None:
 
 ATTENTION = ("auto", "flex", "sdpa", "eager")
 AMP = ("auto", "bf16", "none")
+ARCHS = ("dflash", "dflash2")
 
 
 def check(cfg: Any) -> None:
@@ -126,5 +133,9 @@ def check(cfg: Any) -> None:
     ):
         if int(value) < low:
             raise ConfigError(f"{name}={value}: must be >= {low}")
+    if d.arch not in ARCHS:
+        raise ConfigError(f"drafter.arch={d.arch!r}: use one of {', '.join(ARCHS)}")
+    if float(o.selector_loss_alpha) < 0:
+        raise ConfigError(f"optim.selector_loss_alpha={o.selector_loss_alpha}: must be >= 0")
     if float(o.noise_std) < 0:
         raise ConfigError(f"optim.noise_std={o.noise_std}: must be >= 0 (0: no augmentation noise)")

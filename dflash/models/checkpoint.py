@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from dflash.models.checkpoint_files import read_hf_folder, read_training_pickle, resolve_step
+from dflash.models.dflash2_config import check_dflash2_vocab
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
 from dflash.models.rope import rotary_parameters
@@ -103,6 +104,16 @@ def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -
         raise CheckpointError(f"{where}: non-finite weights (NaN or inf) in {bad[:6]}: the checkpoint is damaged (or training diverged)")
 
 
+def codebook_vocab(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> DrafterConfig:
+    """DFlash2 without `vocab_size` in its config: the selector codebooks' rows, as the checkpoint holds them
+    (checked against the target's vocabulary in phase 2)."""
+    d2 = cfg.dflash2
+    book = sd.get("candidate_selector.predecessor_codebook", sd.get("candidate_selector.successor_codebook"))
+    if d2 is None or d2.vocab_size is not None or book is None or book.dim() != 2:
+        return cfg
+    return dataclasses.replace(cfg, dflash2=dataclasses.replace(d2, vocab_size=int(book.shape[0])))
+
+
 def read_drafter(
     kind: str,
     name: str,
@@ -134,6 +145,7 @@ def read_drafter(
         raise CheckpointError(f"{where}: {e}") from None
     for w in warns:
         log.warning("drafter: %s", w)
+    cfg = codebook_vocab(cfg, sd)
     check_weights(cfg, sd, str(where))
     digest_src = where if where.is_file() else next(iter(sorted(where.glob("*.safetensors"))))
     return DrafterSource(kind, name, step, str(where), sha256_later(digest_src), cfg, sd, warns)
@@ -192,6 +204,8 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
         errs.append(f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding (vocab {target.vocab_size})")
     if cfg.block_size < 2:
         errs.append(f"block_size {cfg.block_size} must be at least 2")
+    if cfg.dflash2 is not None:
+        errs += check_dflash2_vocab(cfg.dflash2, target.vocab_size)
     if errs:
         raise CheckpointError("drafter does not fit the target: " + "; ".join(errs))
     warns = []
@@ -235,6 +249,8 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
                 raise CheckpointError(f"{where}: {e} (drafter.target_layer_ids=[...])") from None
         if cfg.num_target_layers is None:
             cfg.num_target_layers = target.num_layers
+        if cfg.dflash2 is not None and cfg.dflash2.vocab_size is None:  # neither config nor checkpoint says: the target's
+            cfg.dflash2 = dataclasses.replace(cfg.dflash2, vocab_size=target.vocab_size)
     limit = rotary_parameters(cfg)[2]
     if max_len is not None and limit is not None and max_len + cfg.block_size - 1 > limit:
         raise CheckpointError(

@@ -21,6 +21,10 @@ attention, as z-lab's transformers loop under sdpa/eager did. `mask_mod` states 
 `visibility_mask` evaluates it densely (sdpa, eager), `flex_block_mask` as a flex_attention
 BlockMask (CUDA). One block at inference is the case N = 1 with T = committed positions.
 
+DFlash2 (`cfg.arch == "dflash2"`, dflash/models/dflash2.py): each layer wraps its attention and its
+MLP in a `BlockConv` (within each block of B slots of the flattened layout), and the drafter holds a
+`candidate_selector`; the proposal rule (`dflash2.propose`) is the caller's, as the LM head is.
+
 Parameter names follow the public HF format, so a public checkpoint loads as it is.
 """
 
@@ -33,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dflash.models.dflash2 import BlockConv, CandidateSelector
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids
 from dflash.models.rope import rotary_parameters
 from dflash.util.errors import CheckpointError
@@ -214,10 +219,22 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.B = cfg.block_size
+        d2 = cfg.dflash2
+        if d2 is not None and d2.has_conv:  # DFlash2: both sublayers wrapped in a block convolution
+            self.attention_conv = BlockConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
+            self.mlp_conv = BlockConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
+
+    def _sublayer(self, f, x: Tensor, conv: BlockConv | None) -> Tensor:
+        if conv is None:
+            return f(x)
+        x, delta = conv.prepare(x, self.B)
+        return conv.finish(f(x), delta, self.B)
 
     def forward(self, x: Tensor, kv_ctx: tuple[Tensor, Tensor], rope_blk, mask, backend: str) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), kv_ctx, rope_blk, mask, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = lambda h: self.self_attn(h, kv_ctx, rope_blk, mask, backend)  # noqa: E731
+        x = x + self._sublayer(attn, self.input_layernorm(x), getattr(self, "attention_conv", None))
+        return x + self._sublayer(self.mlp, self.post_attention_layernorm(x), getattr(self, "mlp_conv", None))
 
 
 class DFlashDrafter(nn.Module):
@@ -232,6 +249,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        if cfg.dflash2 is not None:
+            d2 = cfg.dflash2
+            self.candidate_selector = CandidateSelector(H, d2.vocab_size or 1, d2.selector_rank)
         apply = sliding_window == "apply"
         self.windows = [cfg.sliding_window if apply and t == "sliding_attention" else None for t in cfg.layer_types]
         self._rotary: Rotary | None = None  # built on first use (not on the meta device a shape check uses)
@@ -243,7 +263,8 @@ class DFlashDrafter(nn.Module):
         return self._rotary
 
     def init_weights(self, seed: int, std: float = 0.02) -> "DFlashDrafter":
-        """Deterministic random weights (smoke runs, training start)."""
+        """Deterministic random weights (smoke runs, training start). DFlash2 starts as SpecForge does: identity
+        convolutions and a zero successor codebook, so its proposals are DFlash's until trained."""
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -251,6 +272,11 @@ class DFlashDrafter(nn.Module):
                     p.fill_(1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=g) * std)
+            for m in self.modules():
+                if isinstance(m, BlockConv):
+                    m.identity_()
+            if self.cfg.dflash2 is not None:
+                self.candidate_selector.successor_codebook.zero_()
         return self
 
     def context_kv(self, taps: Tensor) -> list[tuple[Tensor, Tensor]]:

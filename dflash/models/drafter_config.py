@@ -23,8 +23,8 @@ loads). Every top-level and `dflash_config` key falls in exactly one class:
 - UNDERSTOOD: read, type-checked and implemented (the tables below).
 - HARMLESS: known to change nothing the drafter computes (what `Qwen3Config.save_pretrained`
   writes besides the architecture, and Hugging Face metadata): kept in `extra`, written back.
-- EXTENSIONS: keys some implementation reads that this one does not implement (z-lab's DFlash2
-  convolutions and candidate selector, SGLang's projector, logit multipliers and soft-capping,
+- EXTENSIONS: keys some implementation reads that this one does not implement (DFlash2's keys at
+  the top level or in a DFlashDraftModel's config, SGLang's projector, logit multipliers and soft-capping,
   attention sinks, value scaling, the drafter's own embedding, quantization, z-lab's `is_causal`
   and `input_embedding_scale`, `mlp_bias`, interleaved rotary): accepted only at the value that
   means "off" (listed per key), refused otherwise.
@@ -46,10 +46,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dflash.models.dflash2_config import DFLASH2_FIELDS, DFlash2Config, parse_dflash2
 from dflash.models.rope import attention_scaling_warning, dynamic_rope_warning, qwen3_config, read_rope, rotary_parameters
 from dflash.util.errors import CheckpointError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}  # config.json's name -> DrafterConfig.arch
 DFLASH_FIELDS = ("block_size", "target_layer_ids", "mask_token_id", "num_target_layers", "mask_token")
 # Qwen3 architecture keys handed to transformers' Qwen3Config (then read back from it)
 ARCH_KEYS = (
@@ -122,6 +124,8 @@ class DrafterConfig:
     sliding_window: int | None = None  # keys a sliding_attention query sees, itself included (HF's convention)
     mask_token: str | None = None  # resolved through the target's tokenizer when mask_token_id is absent
     extra: dict[str, Any] = field(default_factory=dict)  # harmless config.json keys, written back
+    arch: str = "dflash"  # ARCHITECTURES' values: "dflash2" adds the `dflash2` part
+    dflash2: DFlash2Config | None = None  # DFlash2DraftModel: convolutions, unary transform, selector
 
     def __post_init__(self):
         if not self.layer_types:
@@ -133,14 +137,19 @@ class DrafterConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """config.json of the public HF format (a Qwen3 config as transformers 5 writes it, plus DFlash's fields)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id", "mask_token")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "target_layer_ids", "mask_token_id", "mask_token", "arch", "dflash2")}
         dflash = (
             {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
         )
         if self.target_layer_ids:
             dflash["target_layer_ids"] = list(self.target_layer_ids)
+        if self.dflash2 is not None:  # SpecForge's export: block_size and DFlash2's keys in dflash_config, the codebooks' vocab_size
+            dflash.update(block_size=self.block_size, **self.dflash2.to_dflash_config())
+            if self.dflash2.vocab_size is not None:
+                d["vocab_size"] = self.dflash2.vocab_size
         sliding = "sliding_attention" in self.layer_types
-        return {**self.extra, **d, "use_sliding_window": sliding, "hidden_act": "silu", "architectures": ["DFlashDraftModel"],
+        arch = next(name for name, a in ARCHITECTURES.items() if a == self.arch)
+        return {**self.extra, **d, "use_sliding_window": sliding, "hidden_act": "silu", "architectures": [arch],
                 "model_type": "qwen3", "dflash_config": dflash}
 
     @classmethod
@@ -254,13 +263,14 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     for k, v in [*raw.items(), *((f"dflash_config.{k}", v) for k, v in (dflash.items() if isinstance(dflash, dict) else ()))]:
         if v is not None:
             _check_type(k, v)
+    archs = raw.get("architectures") or ["DFlashDraftModel"]
+    if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+        raise CheckpointError(f"architectures={archs!r}: one of {[[a] for a in ARCHITECTURES]} is implemented (not other variants)")
+    arch = ARCHITECTURES[archs[0]]
     extra = _classify(raw, "", UNDERSTOOD)
-    _classify(dflash, "dflash_config.", set(DFLASH_FIELDS))
+    _classify(dflash, "dflash_config.", set(DFLASH_FIELDS) | (set(DFLASH2_FIELDS) if arch == "dflash2" else set()))
     if raw.get("model_type", "qwen3") not in ("qwen3", None):
         raise CheckpointError(f"model_type={raw['model_type']!r}: DFlash draft layers are Qwen3 layers; only model_type qwen3 is implemented")
-    archs = raw.get("architectures") or ["DFlashDraftModel"]
-    if archs != ["DFlashDraftModel"]:
-        raise CheckpointError(f"architectures={archs!r}: only DFlashDraftModel is implemented (not DFlash2 or other variants)")
     missing = [k for k in REQUIRED if raw.get(k) is None]
     if missing:
         raise CheckpointError(f"drafter config lacks {missing}; the checkpoint should store them (a Qwen3 config with DFlash's fields)")
@@ -287,13 +297,15 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
             dv[k] = list(v) if k == "target_layer_ids" else v
     if dv["target_layer_ids"] is not None:
         dv["target_layer_ids"] = _int_list("target_layer_ids", dv["target_layer_ids"])
+    block = 16 if dv["block_size"] is None else dv["block_size"]
+    d2 = parse_dflash2(dflash, hf.hidden_size, block, raw.get("vocab_size")) if arch == "dflash2" else None
     cfg = DrafterConfig(
         hidden_size=hf.hidden_size, num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
         num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
         num_target_layers=dv["num_target_layers"], target_layer_ids=dv["target_layer_ids"], mask_token_id=dv["mask_token_id"],
-        block_size=16 if dv["block_size"] is None else dv["block_size"], rms_norm_eps=float(hf.rms_norm_eps),
+        block_size=block, rms_norm_eps=float(hf.rms_norm_eps),
         rope_parameters=read_rope(hf), max_position_embeddings=hf.max_position_embeddings, attention_bias=bool(hf.attention_bias),
-        layer_types=layer_types, sliding_window=window, mask_token=dv["mask_token"], extra=extra,
+        layer_types=layer_types, sliding_window=window, mask_token=dv["mask_token"], extra=extra, arch=arch, dflash2=d2,
     )
     rotary_parameters(cfg)  # transformers computes this rope, or the config is refused now
     if cfg.rope_parameters["rope_type"] == "dynamic":
@@ -318,4 +330,6 @@ def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str,
         "sliding_layers": sliding, "sliding_window": cfg.sliding_window, "sliding_window_applied": bool(sliding) and apply_window,
     }
     out.update({f"rope_{k}": v for k, v in sorted(rp.items()) if k not in ("rope_type", "rope_theta")})
+    if cfg.dflash2 is not None:
+        out.update({"architecture": "DFlash2DraftModel", **{f"dflash2_{k}": v for k, v in asdict(cfg.dflash2).items() if v is not None}})
     return out

@@ -7,7 +7,8 @@ It runs on the static-cache engine (decode.py). State per step, anchor at positi
 target's cache holds positions < p, the feature buffer the taps of every committed position < p.
 - draft: the drafter reads the block [anchor, mask, ..., mask] at positions p .. p+B-1 and the
   features of positions < p (on CUDA the whole buffer, the rest hidden by the drafter's own mask
-  t < p); its B-1 greedy tokens go to `out[:B-1]`.
+  t < p); its B-1 proposals go to `out[:B-1]` (dflash.models.dflash2.propose: the greedy tokens, or
+  DFlash2's selector walk from the anchor, the rule the offline replay uses).
 - verify: the target runs on [anchor, d_1 .. d_{B-1}] at positions p .. p+B-1; its greedy choice
   after each slot goes to `out[B-1:]`, the taps of all B slots into the feature buffer (those past
   the accepted ones are hidden from the next draft and overwritten later).
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash.models.decode import Engine
+from dflash.models.dflash2 import propose
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.sampling import Sampling, pick, prompt_key
 from dflash.models.target import Target
@@ -72,7 +74,7 @@ class OnlineDecoder:
         block = torch.cat([self.anchor, self.masks])  # [B]
         emb = self.target.embed(block)[None, None].to(ddev, ddt)  # [1, 1, B, H]
         h = self.drafter(self.feats[:, : self.eng.view], emb, self.pos[None].to(ddev), backend=self.backend)  # [1, 1, B, H]
-        self.out[: self.B - 1] = self.eng.greedy(h[0, 0, 1:].to(self.target.dtype))
+        self.out[: self.B - 1] = propose(self.drafter, self.eng.head, h[0, :, 1:].to(self.target.dtype), self.anchor).tokens[0]
 
     def _verify(self) -> None:
         write = self.pos + self.slots  # [B] cache positions p .. p+B-1

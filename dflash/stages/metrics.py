@@ -23,6 +23,15 @@ Conventions (named here; dflash.tracking logs them under these names):
   same prompts: `paired_ratio_diff` gives the SE of their τ gap, smaller than either τ's SE since
   what is hard about a prompt is hard for both (`python -m dflash.compare`).
 
+DFlash2 drafters (`Counters.selector`; the rows are absent for DFlash, not 0), from the same drafter passes:
+- `acceptance_length_unary`: τ of the same replay walking the unary argmax (the drafter without its
+  selector; `unary_steps`, `unary_committed`); `selector_gain` = τ - unary τ, `selector_gain_se` its
+  paired SE over prompts (`paired_ratio_diff`); `expected_acceptance_length_unary` from `unary_accuracy`.
+- Per slot, teacher-forced over the same anchors as `accuracy` (which is the walk's, the drafted
+  proposal's): `unary_accuracy` (the unary top-1 is the reference token), `topk_recall` (the reference
+  token is among the unary top-k: the selector can draft nothing else, so it bounds `accuracy`);
+  `expected_acceptance_length_topk` = 1 + Σ_k Π_{i<=k} topk_recall_i, the ceiling of a perfect selector.
+
 Undefined is not 0: a ratio over nothing (0/0: no verify step reached slot k, a prompt with no
 verify step, an SE over fewer than two prompts) is None. Nothing undefined is logged; the console
 prints "-"; plots leave a gap.
@@ -53,19 +62,25 @@ class Counters:
     tf_total: list[int] = field(default_factory=list)  # [B-1]: anchors with a label at slot k
     tf_nll: list[float] = field(default_factory=list)  # [B-1]: sum of -log p(reference token) at slot k
     tf_conf: list[float] = field(default_factory=list)  # [B-1]: sum of the top-1 probability at slot k
+    selector: bool = False  # DFlash2: the unary walk and the unary top-k are counted too (the fields below)
+    unary_steps: int = 0  # verify steps of the same replay walking the unary argmax
+    unary_committed: int = 0  # tokens it committed (capped as `committed`)
+    tf_unary_correct: list[int] = field(default_factory=list)  # [B-1] (selector only): teacher-forced unary top-1 hits
+    tf_topk_hit: list[int] = field(default_factory=list)  # [B-1] (selector only): reference token among the unary top-k
 
     def __post_init__(self):
         K = self.block_size - 1
-        for name, n in (("accepted_at_pos", K), ("commit_hist", K + 2), ("tf_correct", K), ("tf_total", K), ("tf_nll", K), ("tf_conf", K)):
+        for name, n in (("accepted_at_pos", K), ("commit_hist", K + 2), ("tf_correct", K), ("tf_total", K), ("tf_nll", K), ("tf_conf", K),
+                        *((("tf_unary_correct", K), ("tf_topk_hit", K)) if self.selector else ())):
             if not getattr(self, name):
                 setattr(self, name, [0.0 if name in ("tf_nll", "tf_conf") else 0] * n)
 
     def __add__(self, o: "Counters") -> "Counters":
-        assert self.block_size == o.block_size
+        assert self.block_size == o.block_size and self.selector == o.selector
         kw = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(o, f.name)
-            kw[f.name] = a if f.name == "block_size" else [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+            kw[f.name] = a if f.name in ("block_size", "selector") else [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
         return Counters(**kw)
 
 
@@ -202,6 +217,29 @@ def confidence(c: Counters) -> list[Rate]:
     return [ratio(x, t) for x, t in zip(c.tf_conf, c.tf_total)]
 
 
+def unary_accuracy(c: Counters) -> list[Rate]:
+    return [ratio(h, t) for h, t in zip(c.tf_unary_correct, c.tf_total)]
+
+
+def topk_recall(c: Counters) -> list[Rate]:
+    return [ratio(h, t) for h, t in zip(c.tf_topk_hit, c.tf_total)]
+
+
+def selector_rows(per_prompt: list[Counters], total: Counters) -> dict[str, Rate]:
+    """DFlash2's scalars (module docstring): unary τ, the selector's gain with its paired SE, the expected
+    lengths of the unary argmax and of the top-k ceiling."""
+    gain, se = paired_ratio_diff([c.unary_committed for c in per_prompt], [c.unary_steps for c in per_prompt],
+                                 [c.committed for c in per_prompt], [c.steps for c in per_prompt])
+    return {
+        "acceptance_length_unary": ratio(total.unary_committed, total.unary_steps),
+        "acceptance_length_unary_se": ratio_se([c.unary_committed for c in per_prompt], [c.unary_steps for c in per_prompt]),
+        "selector_gain": gain,
+        "selector_gain_se": se,
+        "expected_acceptance_length_unary": expected_acceptance_length(unary_accuracy(total)),
+        "expected_acceptance_length_topk": expected_acceptance_length(topk_recall(total)),
+    }
+
+
 def commit_share(c: Counters) -> list[Rate]:
     """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
     return [ratio(n, c.steps) for n in c.commit_hist[1:]]
@@ -211,6 +249,8 @@ def position_curves(c: Counters) -> dict[str, list[Rate]]:
     """Every per-slot series of summed counters, by kind (index k-1 for slot k); NLL and confidence
     only when they were counted (scores=true)."""
     out = {"accept_rate": accept_rate(c), "accept_rate_cond": accept_rate_cond(c), "accuracy": accuracy(c)}
+    if c.selector:
+        out.update(unary_accuracy=unary_accuracy(c), topk_recall=topk_recall(c))
     if scored(c):
         out.update(nll=nll(c), confidence=confidence(c))
     return out
@@ -220,8 +260,10 @@ def position_table(c: Counters) -> list[dict[str, Any]]:
     """One row per draft slot: every per-slot rate (None where undefined) and the counts behind it."""
     curves = position_curves(c)
     reached = [c.steps] + c.accepted_at_pos[:-1]
+    sel = ("tf_unary_correct", "tf_topk_hit") if c.selector else ()
     return [{"pos": k + 1, **{name: v[k] for name, v in curves.items()}, "accepted": c.accepted_at_pos[k], "reached": reached[k],
-             "steps": c.steps, "tf_correct": c.tf_correct[k], "tf_total": c.tf_total[k]} for k in range(c.block_size - 1)]
+             "steps": c.steps, "tf_correct": c.tf_correct[k], "tf_total": c.tf_total[k], **{n: getattr(c, n)[k] for n in sel}}
+            for k in range(c.block_size - 1)]
 
 
 def expected_acceptance_length(acc: list[Rate]) -> Rate:
@@ -256,6 +298,8 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
     if total.committed_uncapped:  # every step counted in full (replay and online loop alike)
         m["acceptance_length_uncapped"] = ratio(total.committed_uncapped, total.steps)
         m["acceptance_length_macro_uncapped"] = ratio(sum(ratio(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
+    if total.selector:
+        m.update(selector_rows([c for _, c in per_prompt], total))
     if scored(total):
         m["nll_mean"] = ratio(sum(total.tf_nll), sum(total.tf_total))
         m["nll_mean_se"] = ratio_se([sum(c.tf_nll) for _, c in per_prompt], [sum(c.tf_total) for _, c in per_prompt])

@@ -2,19 +2,24 @@
 
 The one place where the trainer meets dflash.models.drafter's config and tap rule (`DrafterConfig` through
 `checkpoint.init_config`, `build_target_layer_ids`), so a change there is a change here only.
+`drafter.arch=dflash2` adds DFlash2's block convolutions and candidate selector (sizes `drafter.conv_*`,
+`drafter.selector_*`, checked by the evaluator's own DFlash2 parser), started as SpecForge starts them:
+identity convolutions and a zero successor codebook, so the untrained additions change nothing.
 Taps, in order of precedence: `drafter.target_layer_ids`; the target's `default_taps` when their
 count is `drafter.num_taps`; the public spread for `drafter.num_taps` taps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from dflash.models.checkpoint import init_config
+from dflash.models.dflash2_config import parse_dflash2
 from dflash.models.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
-from dflash.util.errors import ConfigError
+from dflash.util.errors import CheckpointError, ConfigError
 
 
 def base_layer_ids(cfg: Any, num_target_layers: int) -> list[int]:
@@ -36,6 +41,13 @@ def drafter_config(cfg: Any, target: Any, layer_ids: list[int]) -> DrafterConfig
     c = init_config(target, int(d.num_layers), len(layer_ids), int(mask), int(d.block_size), layer_ids)
     if d.intermediate_size:
         c.intermediate_size = int(d.intermediate_size)
+    if getattr(d, "arch", "dflash") == "dflash2":
+        keys = {k: int(getattr(d, k)) for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}
+        try:
+            d2 = parse_dflash2(keys, c.hidden_size, c.block_size, int(target.vocab_size))
+        except CheckpointError as e:
+            raise ConfigError(str(e).replace("config field dflash_config.", "drafter.").replace("dflash_config.", "drafter.")) from None
+        c = dataclasses.replace(c, arch="dflash2", dflash2=d2)
     return c
 
 

@@ -152,6 +152,7 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
         float(o.grad_clip or 0.0),
         float(o.noise_std),
         final_tap_is_normed(target),
+        float(o.selector_loss_alpha),
     )
     tok = target.tokenizer
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else target.eos_ids[0]

@@ -18,11 +18,12 @@ import torch
 from torch import Tensor
 
 from dflash.config.train import BugsConfig
+from dflash.models.dflash2 import transform
 from dflash.models.drafter import DFlashDrafter
 from dflash.stages.metrics import ratio
 from dflash.train.batch import Batch
 from dflash.train.labels import block_labels, bug1_labels, noised
-from dflash.train.loss import dflash_loss
+from dflash.train.loss import dflash_loss, selector_loss
 from dflash.train.taps import TargetStates
 from dflash.util.errors import ConfigError
 
@@ -35,6 +36,7 @@ class StepSettings:
     grad_clip: float
     noise_std: float
     normed: bool  # the target's final tap is through its final norm (bug 1's logits)
+    selector_alpha: float = 1.0  # DFlash2: weight of the selector's CE (optim.selector_loss_alpha)
 
 
 @dataclass
@@ -110,7 +112,10 @@ def train_step(
         taps, emb = (x.taps.float(), x.embeds.float()) if s.amp is None else (x.taps, x.embeds)
         h = model(taps, emb, anchors, backend=s.backend, see_anchor=bugs.final_layer)  # [S, N, B, H]
         logits = target.lm_head(h.to(target.dtype) if s.amp is None else h)  # [S, N, B, V]
-        loss = dflash_loss(logits, x.labels, x.slot_valid, s.gamma, dilution_bug=bugs.loss_dilution)
+        d2 = model.cfg.dflash2
+        loss = dflash_loss(logits if d2 is None else transform(logits, d2), x.labels, x.slot_valid, s.gamma, dilution_bug=bugs.loss_dilution)
+        if d2 is not None and s.selector_alpha > 0:  # DFlash2: the selector's CE over the unary top-k beside it
+            loss = loss + s.selector_alpha * selector_loss(model, logits, h, x.labels, x.slot_valid, s.gamma)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)) if s.grad_clip and s.grad_clip > 0 else None
