@@ -46,11 +46,11 @@ train)
   grep -E "data:|variant |step [0-9]+/|stopping|Error|error" $OUT/train.log | tail -80 || true
   cd $R; cp $OUT/train.log runs/ 2>/dev/null || true; rm -f $OUT/train.log
   tar czf $OUT/metrics.tgz $(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true)
-  sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -t_ -k2 -n | tail -1; if [ -n "${EXTRA:-}" ]; then ls -d $v/step_* | grep -E "$EXTRA" || true; fi; done | sort -u)
+  sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -V | tail -1; if [ -n "${EXTRA:-}" ]; then ls -d $v/step_* | grep -E "$EXTRA" || true; fi; done | sort -u)
   python3 $R/code/scripts/pack_out.py $OUT $R $sel
   ls -la $OUT
   if [ "${BENCH:-0}" = 1 ]; then
-    cd $R/code; last=$(ls -d $R/ckpt/fixed/step_* | sort -t_ -k2 -n | tail -1)
+    cd $R/code; last=$(ls -d $R/ckpt/fixed/step_* | sort -V | tail -1)
     python3 -m dflash.bench --skip generation,scale --online ${ONLINE:-12} target.path=$GGUF drafter.run_dir=$R/ckpt/fixed \
       device=cuda tracking.enabled=false cache_dir=$R/cache > $OUT/bench.log 2>&1 || echo "BENCH FAILED: $?"
     grep -v "it/s\]$" $OUT/bench.log | tail -40 || true
