@@ -44,9 +44,20 @@ def parse_eval(text: str) -> Eval | None:
     leak = re.search(r"leak probe: .*\(gain ([+\-][\d.]+)\)", text)
     layers = re.search(r"num_layers=(\d+)", text)
     taps = re.search(r"target_layer_ids=\[([\d, ]+)\]", text)
-    extra = "; ".join(m.strip() for m in re.findall(r"^(.*(?:selector|unary).*)$", text, re.M)[:2])
-    return Eval(head.group(1), int(head.group(2)), layers.group(1) if layers else "-", taps.group(1).replace(" ", "") if taps else "-",
-                tau.group(1), tau.group(2), sub.group(1) if sub else "-", sub.group(2) if sub else "-", leak.group(1) if leak else "-", extra)
+    shipped = "the shipped default" in text.splitlines()[0]
+    name = head.group(1) + (" (shipped, earlier round)" if shipped else "")
+    return Eval(name, int(head.group(2)), layers.group(1) if layers else "-", taps.group(1).replace(" ", "") if taps else "-",
+                tau.group(1), tau.group(2), sub.group(1) if sub else "-", sub.group(2) if sub else "-", leak.group(1) if leak else "-", "")
+
+
+def selector_figures(text: str) -> dict[str, str]:
+    """run name -> 'unary τ U ± SE; selector gain G ± SE' from the compare log's DFlash2 block (MLflow metrics)."""
+    m: dict[str, dict[str, str]] = {}
+    for name, key, val in re.findall(r"^(\S+@step_\d+) (\S+) ([\d.\-]+)$", text, re.M):
+        m.setdefault(name, {})[key] = val
+    return {n: f"unary τ {d.get('acceptance_length_unary', '-')} ± {d.get('acceptance_length_unary_se', '-')}; selector gain "
+               f"+{d.get('selector_gain', '-')} ± {d.get('selector_gain_se', '-')}; top-k recall {d.get('by_position/topk_recall', '-')}"
+            for n, d in m.items() if "selector_gain" in d}
 
 
 def train_rows(text: str) -> dict[tuple[str, int], str]:
@@ -73,10 +84,12 @@ def main() -> None:
              "## τ on the builtin prompts (CPU, greedy, 256 new tokens, fp32 target), with the training figures at that step", "",
              "| drafter @ step | layers | taps | τ builtin ± SE | τ fresh | τ train_like | leak probe Δτ | train loss / acc@1 / tf τ | DFlash2 |",
              "|---|---|---|---|---|---|---|---|---|"]
+    cmp = RESULTS / f"compare_cpu_{date}.log"
+    sel = selector_figures(cmp.read_text()) if cmp.is_file() else {}
     for e in evals:
+        e = Eval(**{**e.__dict__, "extra": sel.get(f"{e.name}@step_{e.step}", "")})
         lines.append(f"| {e.name} @{e.step} | {e.layers} | {e.taps} | {e.tau} ± {e.tau_se} | {e.fresh} | {e.train_like} | {e.leak_gain} | "
                      f"{rows.get((e.name, e.step), '-')} | {e.extra or '-'} |")
-    cmp = RESULTS / f"compare_cpu_{date}.log"
     if cmp.is_file():
         lines += ["", "## Paired gaps (python -m dflash.compare)", "", "```", cmp.read_text().rstrip(), "```"]
     for b in sorted(RESULTS.glob(f"bench_*_{date}.log")):
