@@ -11,8 +11,12 @@
 #   4 `bash .gpu/code/scripts/gpu_train.sh train` carry [.gpu/p3]: joins and checks the GGUF, regenerates the data
 #     (data.max_gen_minutes), trains every variant in lockstep until MAX_MIN, packs the last export of each
 #     variant (scripts/pack_out.py: archives of <= 15 MiB) and the metrics and training log (metrics.tgz) into $OUT
-#   5 `RESUME=1 ... train` (no carry): resumes from the checkpoints on the machine's disk, data from its cache;
-#     BENCH=1 then runs python -m dflash.bench on the GPU with the newest fixed export
+#   5 `GEN_MIN=0.01 ... train` (no carry, same machine): resumes from the checkpoints on the machine's disk (the
+#     trainer resumes by itself), data from its cache; BENCH=1 then runs python -m dflash.bench on the GPU with
+#     the newest fixed export
+# The 2026-12-06 run (scripts/results/train_h100_2026-12-06.log): call 4 with VARIANTS="[fixed,noisy_labels,
+# final_layer,loss_dilution,fixed-dflash2,fixed-l2]" STEPS=1800 GEN_MIN=2.5 MAX_MIN=8.8 EXPORTS="[600,1200]"
+# EXTRA="fixed/step_(600|1200)$", call 5 with the same and GEN_MIN=0.01 MAX_MIN=3.3 BENCH=1.
 # Env: MAX_MIN (minutes from the process start), STEPS (schedule length), VARIANTS, GEN_MIN, EXPORTS, EXTRA (a
 # regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$").
 set -euo pipefail
