@@ -59,7 +59,7 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
 def test_shape_variants_share_one_lockstep_run(target, seqs, tmp_path):
     """fixed-l2 / fixed-t3 / fixed-dflash2 train beside fixed on the same data: each gets its own shape, taps
     and architecture, exported as the evaluator loads it; fixed is what it is when trained alone."""
-    from dflash.models.checkpoint import load_drafter
+    from shortcuts import load_drafter
 
     cfg = tiny_cfg(tmp_path, variants=["fixed", "fixed-l2", "fixed-t3", "fixed-dflash2"], optim={"steps": 2},
                    drafter={"selector_rank": 4, "selector_top_k": 4, "conv_group_size": 8})
