@@ -58,23 +58,30 @@ def test_the_scale_bench_frees_its_random_model_before_the_child(tmp_path, monke
     """Issue 29.4: the random 27B model the parent builds (on the GPU where there is one) is gone, and the CUDA cache
     emptied on CUDA, before the child that loads the target on the same device starts. Here the tiny shape on CPU:
     when the child is spawned no VL model object is alive; `release` empties the CUDA cache for a CUDA build."""
-    import gc
+    import weakref
 
     from conftest import make_tokenizer
     from transformers import Qwen3_5ForConditionalGeneration
 
     from dflash import bench_scale
 
-    alive, emptied = [], []
+    made, alive, emptied = [], [], []
+    build = Qwen3_5ForConditionalGeneration._from_config
+
+    def spy(*a, **kw):  # every model build_vl makes, watched
+        m = build(*a, **kw)
+        made.append(weakref.ref(m))
+        return m
 
     def child(spec):
-        alive.append(sum(isinstance(o, Qwen3_5ForConditionalGeneration) for o in gc.get_objects()))
+        alive.append([r() is not None for r in made])
         raise RuntimeError("stop here")
 
+    monkeypatch.setattr(Qwen3_5ForConditionalGeneration, "_from_config", staticmethod(spy))
     monkeypatch.setattr(bench_scale, "_child", child)
     with pytest.raises(RuntimeError, match="stop here"):
         bench_scale.report("tiny_vl", str(tmp_path), make_tokenizer(), ["cpu"], {"cpu": (1, 2)}, False, [], "dflash2")
-    assert alive == [0]
+    assert alive == [[False]]  # one model built, gone when the child is spawned
     monkeypatch.setattr("torch.cuda.empty_cache", lambda: emptied.append(True))
     bench_scale.release("cpu")
     bench_scale.release("cuda")
