@@ -2,7 +2,7 @@
 # make test [PYTEST_ARGS=...]                      set up .venv if needed, lint (ruff, import contracts), run the test suite
 # make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined, no import circle)
 # make setup                                       only the set-up
-# make results                                     rebuild docs/results.md from the raw logs in scripts/results/
+# make results                                     rebuild docs/results.md and docs/training_results.md from the raw logs in scripts/results/
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -35,3 +35,4 @@ test: lint
 
 results: setup
 	$(PY) scripts/results_page.py
+	$(PY) scripts/training_results.py

@@ -105,7 +105,7 @@ class Series:
     def __init__(self, cfg: EvalConfig, config_text: str, tags: dict[str, Any]):
         self.cfg, self.config_text, self.tags = cfg, config_text, tags
         self.run_dir = find_path(str(cfg.drafter.run_dir))
-        if not self.run_dir.is_dir():
+        if not self.run_dir.is_dir() and not cfg.follow:  # following: the folder may come with the trainer's first step
             raise CheckpointError(f"drafter.run_dir={self.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders")
         self.sel = StepSelection.parse(cfg.drafter.step)
         if cfg.follow and self.sel.single and self.sel.step is None:

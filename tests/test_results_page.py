@@ -77,3 +77,16 @@ def test_check_fails_on_a_stale_page_and_passes_once_written(page, tmp_path, mon
     monkeypatch.setattr(page, "ROOT", tmp_path)
     assert page.main(["--check"]) == 1
     assert page.main([]) == 0 and page.main(["--check"]) == 0
+
+
+def test_docs_training_results_md_is_what_its_generator_writes(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("training_results", ROOT / "scripts" / "training_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["training_results"] = mod
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "PAGE", tmp_path / "training_results.md")
+    monkeypatch.setattr(sys, "argv", ["training_results.py"])  # the newest round, as `make results` runs it
+    mod.main()
+    assert (tmp_path / "training_results.md").read_text() == (ROOT / "docs" / "training_results.md").read_text(), \
+        "docs/training_results.md is stale: run `make results`"
+    assert "| fixed @1800 |" in (tmp_path / "training_results.md").read_text()  # the round's evaluations are on it

@@ -145,6 +145,11 @@ def test_bad_config_values_name_their_field(tmp_path):
     with pytest.raises(ConfigError, match="unknown variant"):
         resolve_variants(tiny_cfg(tmp_path, variants=["fixed", "noisy_label"]))
     assert parse_variant("noisy_labels+final_layer").bugs == BugsConfig(noisy_labels=True, final_layer=True)
+    v = parse_variant("fixed-dflash2-l2-t5-i1024")  # shape suffixes: drafter.* of that variant only
+    assert v.bugs == BugsConfig() and v.arch == {"arch": "dflash2", "num_layers": 2, "num_taps": 5, "intermediate_size": 1024}
+    assert parse_variant("loss_dilution-l3").bugs == BugsConfig(loss_dilution=True)
+    with pytest.raises(ConfigError, match="unknown suffix -x2"):
+        parse_variant("fixed-x2")
     assert [v.name for v in resolve_variants(tiny_cfg(tmp_path, bugs={"loss_dilution": True}))] == ["loss_dilution"]
 
 

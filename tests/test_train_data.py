@@ -31,6 +31,59 @@ def test_no_training_prompt_overlaps_an_evaluation_prompt():
     assert not overlaps("Write a Python function that adds two numbers.", e)
 
 
+def test_new_recipe_prompts_overlap_no_benchmark_copy(tmp_path):
+    """The packages' recipe (sources read with ast, documentation text, math, multi-turn chats) against
+    every evaluation set of conf/prompts/ and every benchmark copy the tests make (tests/hub_copies.py)."""
+    import hub_copies
+
+    from dflash.stages.benchmarks import BENCHMARKS
+    from dflash.stages.prompts import load_prompts
+    from dflash.train.train_prompts import OverlapFilter, build_prompts, evaluation_prompts, prompt_text
+
+    hub_copies.write_all(tmp_path, 12)
+    copies = [p for name in BENCHMARKS for p in load_prompts(name, data_dir=str(tmp_path), num_prompts=None)]
+    assert {p.subset for p in copies} == set(BENCHMARKS)
+    evals = [p for ps in evaluation_prompts().values() for p in ps] + copies
+    # a training candidate equal to a copy's prompt is dropped (the filter is not vacuous here)
+    leak = build_prompts(400, 1, 0.3, exclude=evals, packages=["json"], multi_turn_fraction=0.2)
+    train = build_prompts(3000, 1, 0.3, exclude=evals, packages=["json", "email"], multi_turn_fraction=0.2)
+    assert len(train) > 2500 and leak
+    filt = OverlapFilter(evals)
+    assert not [prompt_text(p) for p in train if filt.hits(prompt_text(p))]
+    texts = [prompt_text(p) for p in train]
+    assert any("```python" in t for t in texts)  # package sources
+    assert any(p.subset == "train_chat" and len(p.messages) == 2 for p in train)  # chats: a follow-up turn
+    assert any("\\boxed" in t for t in texts)  # mathgen
+
+
+def test_chat_sequences_answer_each_turn_after_the_targets_own(target, tmp_path):
+    from dflash.stages.prompts import Prompt
+    from dflash.train.data import build_chat_sequences
+
+    class Tok:
+        chat_template = None
+        pad_token_id = 2
+        eos_token_id = 2
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [3 + (ord(c) % (VOCAB - 3)) for c in text]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    target.tokenizer = Tok()
+    try:
+        ps = [Prompt("a", "t", (("user", "first q"), ("user", "then"))), Prompt("b", "t", (("user", "single"),))]
+        seqs = build_chat_sequences(target, ps, {"use_chat_template": False}, 6, 64, 2, tmp_path, shard_size=4, min_response_tokens=1)
+        by = {s.pid: s for s in seqs}
+        assert set(by) == {"a/turn_1", "a/turn_2", "b"}
+        answer1 = Tok().decode(by["a/turn_1"].ids[by["a/turn_1"].prompt_len :])
+        turn2 = Tok()("\n\n".join(["first q", answer1, "then"]))["input_ids"]
+        assert by["a/turn_2"].ids[: by["a/turn_2"].prompt_len] == turn2  # asked after the target's own answer
+    finally:
+        target.tokenizer = None
+
+
 def test_training_prompts_deterministic_and_mixed():
     from dflash.train.train_prompts import build_prompts, prompt_text
 

@@ -56,6 +56,28 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
     assert ld.model.cfg.block_size == 4 and straight["fixed"]["step"] == resumed["fixed"]["step"] == 6
 
 
+def test_shape_variants_share_one_lockstep_run(target, seqs, tmp_path):
+    """fixed-l2 / fixed-t3 / fixed-dflash2 train beside fixed on the same data: each gets its own shape, taps
+    and architecture, exported as the evaluator loads it; fixed is what it is when trained alone."""
+    from shortcuts import load_drafter
+
+    cfg = tiny_cfg(tmp_path, variants=["fixed", "fixed-l2", "fixed-t3", "fixed-dflash2"], optim={"steps": 2},
+                   drafter={"selector_rank": 4, "selector_top_k": 4, "conv_group_size": 8})
+    T.train(cfg, target=target, seqs=seqs)
+    names = ("fixed", "fixed-l2", "fixed-t3", "fixed-dflash2")
+    shapes = {v: json.loads((tmp_path / "ckpt" / v / "step_2" / "config.json").read_text()) for v in names}
+    assert shapes["fixed"]["num_hidden_layers"] == 1 and shapes["fixed-l2"]["num_hidden_layers"] == 2
+    assert len(shapes["fixed"]["dflash_config"]["target_layer_ids"]) == 2 and len(shapes["fixed-t3"]["dflash_config"]["target_layer_ids"]) == 3
+    assert shapes["fixed-dflash2"]["architectures"] == ["DFlash2DraftModel"] and shapes["fixed"]["architectures"] == ["DFlashDraftModel"]
+    for v in shapes:
+        assert load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=2).step == 2
+    alone = tiny_cfg(tmp_path / "alone", optim={"steps": 2})
+    T.train(alone, target=target, seqs=seqs)
+    a = torch.load(tmp_path / "runs" / "fixed" / "step_2" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "alone" / "runs" / "fixed" / "step_2" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def reference_weights(cfg, target, seqs, steps: int) -> dict[str, dict[str, torch.Tensor]]:
     """The trainer's steps written out straight, on the full forward's hidden_states: weights per variant."""
     o, B, seed = cfg.optim, cfg.drafter.block_size, cfg.seed

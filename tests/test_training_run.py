@@ -23,7 +23,7 @@ from dflash.models.drafter import DFlashDrafter
 from dflash.models.weights import sha256_file
 from dflash.stages import trainlog
 from dflash.stages.watch import Settle, scan
-from dflash.util.errors import ConfigError
+from dflash.util.errors import CheckpointError, ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK = 250
@@ -213,6 +213,25 @@ def test_follow_evaluates_each_complete_step_once_and_a_partial_one_only_when_do
     assert k20.data.tags[tracking.CHECKPOINT_SHA_TAG] == final[20]  # read once whole, never the partial file
     assert parent.info.status == "FINISHED" and "watch.last_step=40" in out.ended
     assert [s for s, _ in history(tmp_path, parent.info.run_id, "acceptance_length")] == [10, 20, 30, 40]
+
+
+def test_follow_starts_before_the_trainer_made_its_run_folder(tmp_path, qwen3_dir, qwen3_target):
+    from dflash import series
+    from dflash.stages.preflight import check_inputs
+
+    run = tmp_path / "not_yet"  # follow=true started beside a trainer that has not written anything yet
+    cfg = compose(overrides(tmp_path, qwen3_dir, run, "follow=true", "watch.poll_s=0.1", "watch.last_step=10"))
+    check_inputs(cfg)  # no "does not exist": the folder comes with the first step
+    writer = threading.Thread(target=lambda: (time.sleep(0.5), write_step(run, qwen3_target, 10)))
+    writer.start()
+    try:
+        out = series.evaluate_training_run(cfg, "")
+    finally:
+        writer.join()
+    (parent,), kids = family(tmp_path)
+    assert [k.data.tags["drafter_step"] for k in kids] == ["10"] and parent.info.status == "FINISHED" and "watch.last_step=10" in out.ended
+    with pytest.raises(CheckpointError, match="does not exist"):  # without follow the folder must be there
+        check_inputs(compose(overrides(tmp_path, qwen3_dir, run.with_name("never"), "drafter.step=all")))
 
 
 def _cli(tmp: Path, args: list[str]) -> subprocess.Popen:

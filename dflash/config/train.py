@@ -49,6 +49,8 @@ class DataConfig:
     min_response_tokens: int = 16
     gen_batch_size: int = 256
     shard_size: int = 1024
+    max_gen_minutes: Optional[float] = None  # stop regenerating new shards this long after the process start; train on what exists
+    chat_prompt_tokens: Optional[int] = 448  # a multi-turn chat's later turn: its prompt (earlier answers included) at most this long
 
 
 @dataclass

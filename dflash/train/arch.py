@@ -12,6 +12,7 @@ count is `drafter.num_taps`; the public spread for `drafter.num_taps` taps.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -22,9 +23,20 @@ from dflash.models.drafter import DFlashDrafter, DrafterConfig, build_target_lay
 from dflash.util.errors import CheckpointError, ConfigError
 
 
-def base_layer_ids(cfg: Any, num_target_layers: int) -> list[int]:
+def with_overrides(d: Any, overrides: dict[str, Any]) -> Any:
+    """cfg.drafter with a variant's shape overrides (variants.ARCH_SUFFIXES) as a plain namespace.
+    A variant that changes the taps' count drops an explicit `target_layer_ids`."""
+    if not overrides:
+        return d
+    fields = {k: getattr(d, k) for k in (d.keys() if hasattr(d, "keys") else vars(d))}
+    if "num_taps" in overrides:
+        fields["target_layer_ids"] = None
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+def base_layer_ids(cfg: Any, num_target_layers: int, overrides: dict[str, Any] | None = None) -> list[int]:
     """The taps of a drafter without bug 2."""
-    d, default = cfg.drafter, getattr(cfg.target, "default_taps", None)
+    d, default = with_overrides(cfg.drafter, overrides or {}), getattr(cfg.target, "default_taps", None)
     if d.target_layer_ids:
         return list(d.target_layer_ids)
     if default and int(d.num_taps) == len(default):
@@ -32,9 +44,9 @@ def base_layer_ids(cfg: Any, num_target_layers: int) -> list[int]:
     return build_target_layer_ids(num_target_layers, int(d.num_taps))
 
 
-def drafter_config(cfg: Any, target: Any, layer_ids: list[int]) -> DrafterConfig:
-    """A drafter shaped like the target's layers, `drafter.*` sizes, taps `layer_ids`."""
-    d = cfg.drafter
+def drafter_config(cfg: Any, target: Any, layer_ids: list[int], overrides: dict[str, Any] | None = None) -> DrafterConfig:
+    """A drafter shaped like the target's layers, `drafter.*` sizes (a variant's `overrides` first), taps `layer_ids`."""
+    d = with_overrides(cfg.drafter, overrides or {})
     mask = d.mask_token_id if d.mask_token_id is not None else cfg.target.mask_token_id
     if mask is None:
         raise ConfigError("drafter.mask_token_id (or target.mask_token_id) must be set: a token id the target's embedding has")

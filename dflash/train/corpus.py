@@ -132,3 +132,56 @@ ARITH_TEMPLATES = [
     "A class has {x} students. {p} percent of them walk to school and the rest take the bus. How many take the bus? Show how you get the answer.",
     "What is {x} multiplied by {y}, minus {z}? Write out each step of the calculation.",
 ]
+
+# --- installed packages, documentation text, multi-turn chats (prompts.py, pysource.py) ----------------
+
+PACKAGES = [  # read with ast (pysource.py), nothing imported; those not installed are skipped
+    "stdlib", "numpy", "pandas", "scipy", "sklearn", "sympy", "networkx", "requests", "urllib3", "httpx", "click", "typer",
+    "rich", "pygments", "jinja2", "markdown", "markdown_it", "flask", "werkzeug", "starlette", "fastapi", "attr", "dateutil",
+    "yaml", "omegaconf", "hydra", "pydantic", "fsspec", "huggingface_hub", "datasets", "transformers", "tokenizers", "torch",
+    "matplotlib", "pyparsing", "packaging", "prettytable", "tqdm", "sqlalchemy", "alembic", "mako", "git", "joblib", "mlflow",
+    "_pytest", "pluggy", "setuptools", "fire", "docker", "anyio", "h11", "idna", "cachetools", "sqlparse", "gguf", "safetensors",
+    "accelerate", "PIL", "regex", "psutil", "termcolor", "wcwidth", "xxhash", "yarl", "multidict", "aiohttp", "graphene",
+]
+PKG_CODE_TEMPLATES = [
+    "Write a Python function `{name}{sig}` that does the following: {summary} Keep it simple and add a docstring.",
+    "The `{pkg}` package has `{qual}`. Its documentation says: \"{summary}\" Explain what it is for and show a small example.",
+    "Implement a simplified, self-contained version of `{name}` in pure Python. Its documentation says: \"{summary}\"",
+    "What does `{qual}` do? Explain it to a beginner and give an example call with its output.",
+    "Write pytest tests for a function `{name}{sig}` whose documentation reads: \"{summary}\"",
+    "Describe the arguments of `{name}{sig}` and what each is for, given that it does this: {summary}",
+    "I need a function that does this: {summary} Write it in Python with type hints, a docstring and two examples.",
+]
+PKG_CLASS_TEMPLATES = [
+    "Explain the purpose of the class `{qual}` from the `{pkg}` package and show how it is typically used.",
+    "Write a small Python class named `{name}` that does this: {summary} Add docstrings and a usage example.",
+    "Design a minimal version of `{name}` (\"{summary}\") in pure Python and explain your design choices.",
+]
+PKG_SOURCE_TEMPLATES = [
+    "Explain what this Python code from the `{pkg}` package does, step by step:\n\n```python\n{src}```",
+    "Add type hints and a clearer docstring to this function:\n\n```python\n{src}```",
+    "Rewrite this function so that it is easier to read, keeping its behaviour:\n\n```python\n{src}```",
+    "Write unit tests for this function:\n\n```python\n{src}```",
+    "Are there any bugs or edge cases this function does not handle? Explain.\n\n```python\n{src}```",
+    "What is the time complexity of this function? Explain briefly.\n\n```python\n{src}```",
+    "Summarize in two sentences what this code does:\n\n```python\n{src}```",
+]
+DOC_TEMPLATES = [
+    "Explain the following documentation in plain words:\n\n{doc}",
+    "Summarize this passage in three bullet points:\n\n{doc}",
+    "Here is part of the documentation of `{qual}`:\n\n{doc}\n\nWrite a short example that shows what it describes.",
+    "Read this text and write three questions a beginner might ask about it, with their answers:\n\n{doc}",
+    "Rewrite this paragraph so that it is shorter and clearer:\n\n{doc}",
+]
+TASK_SUFFIXES = [
+    "", " Include a docstring.", " Then show three test cases.", " Explain its time complexity.", " Add a short usage example.",
+    " Use type hints.", " Keep it short.", " Explain the approach first.", " Handle invalid input with a clear error.",
+]
+FOLLOWUPS = [  # second user turns of the multi-turn chats
+    "Now write unit tests for it.", "Can you make it shorter?", "Explain the time and space complexity.",
+    "Add error handling for invalid input.", "Give two more examples of how to use it.", "Summarize your answer in three sentences.",
+    "What edge cases should I watch out for?", "Rewrite it as a class.", "Add type hints and comments.",
+    "How would you explain this to a beginner?", "Can you do it without any imports?", "Is there a faster way to do this?",
+    "Convert the example into a small command-line program.", "What would change if the input were very large?",
+    "Now solve the same problem with different numbers of your choice.", "Check your answer another way.",
+]

@@ -1,10 +1,15 @@
 """Training prompts made here (nothing can be downloaded), none of them an evaluation prompt.
 
-Prompts come from what every machine has (word lists and templates in corpus.py):
+Prompts come from what the machine has installed (word lists and templates in corpus.py):
 - coding tasks built from the Python standard library with `inspect`: public functions, classes and
   methods, their signatures, first docstring sentences and (for pure-Python ones) short sources;
-- general coding exercises written for this project;
-- templated arithmetic word problems with random names, items and numbers.
+- the same from the sources of installed packages (corpus.PACKAGES), read with `ast` (pysource.py):
+  tasks from signatures and docstrings, code to explain, test, fix or rewrite;
+- documentation text: docstring paragraphs to explain, summarise or illustrate;
+- general coding exercises written for this project, with varied instructions;
+- templated math and word problems with random numbers (mathgen.py);
+- multi-turn chats: a share of the prompts above get a follow-up user turn (corpus.FOLLOWUPS), asked
+  after the target's own answer (dflash.stages.turns; the trainer regenerates both answers).
 
 No training prompt may be an evaluation prompt: `overlaps` flags a pair that is equal, where one
 contains the other, or that shares any run of `NGRAM` words (lower-cased, punctuation dropped);
@@ -12,6 +17,9 @@ contains the other, or that shares any run of `NGRAM` words (lower-cased, punctu
 `conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and tests/test_train.py checks it.
 
     python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
+
+The package sources make the prompts depend on what is installed: the JSONL written here is what a
+training run reads (`data.prompts_path`), so one file serves every machine.
 """
 
 from __future__ import annotations
@@ -31,14 +39,23 @@ from dflash.train.corpus import (
     CLASS_GENERAL_TEMPLATES,
     CLASS_TEMPLATES,
     CODE_TEMPLATES,
+    DOC_TEMPLATES,
+    FOLLOWUPS,
     GENERAL_TASKS,
     GENERAL_TEMPLATES,
     ITEMS,
     NAMES,
+    PACKAGES,
+    PKG_CLASS_TEMPLATES,
+    PKG_CODE_TEMPLATES,
+    PKG_SOURCE_TEMPLATES,
     PLACES,
     SOURCE_TEMPLATES,
     STDLIB_MODULES,
+    TASK_SUFFIXES,
 )
+from dflash.train.mathgen import math_prompt
+from dflash.train.pysource import SourceItem, package_items
 
 NGRAM = 8
 CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
@@ -180,12 +197,32 @@ def coding_prompts(rng: random.Random) -> list[str]:
     return out
 
 
-def general_prompts() -> list[str]:
+def general_prompts(rng: random.Random | None = None) -> list[str]:
+    """Every general exercise in every template; with `rng`, each also with two drawn instructions."""
     out = []
     for sig, desc in GENERAL_TASKS:
         templates = CLASS_GENERAL_TEMPLATES if "(" not in sig else GENERAL_TEMPLATES
-        out += [t.format(sig=sig, desc=desc) for t in templates]
+        for t in templates:
+            base = t.format(sig=sig, desc=desc)
+            out += [base] + ([base + s for s in rng.sample(TASK_SUFFIXES[1:], 2)] if rng is not None else [])
     return out
+
+
+def package_prompts(items: list[SourceItem], rng: random.Random) -> tuple[list[str], list[str]]:
+    """Coding tasks and documentation-text tasks from installed packages' sources -> (code, docs)."""
+    code, docs = [], []
+    for it in items:
+        pkg = it.qual.split(".")[0]
+        if it.summary and it.kind == "class":
+            code.append(rng.choice(PKG_CLASS_TEMPLATES).format(qual=it.qual, name=it.name, summary=it.summary, pkg=pkg))
+        elif it.summary and it.kind == "function":
+            code.append(rng.choice(PKG_CODE_TEMPLATES).format(qual=it.qual, name=it.name, sig=it.sig, summary=it.summary, pkg=pkg)
+                        + rng.choice(TASK_SUFFIXES))
+        if it.source:
+            code.append(rng.choice(PKG_SOURCE_TEMPLATES).format(src=it.source, pkg=pkg))
+        for para in it.paragraphs[:2]:
+            docs.append(rng.choice(DOC_TEMPLATES).format(doc=para, qual=it.qual))
+    return code, docs
 
 
 def arithmetic_prompts(n: int, rng: random.Random) -> list[str]:
@@ -200,18 +237,35 @@ def arithmetic_prompts(n: int, rng: random.Random) -> list[str]:
     return out
 
 
-def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 0.3, exclude: Iterable[Prompt] | None = None) -> list[Prompt]:
-    """Deterministic training prompts (for one Python version's stdlib), none overlapping `exclude`
-    (default: every evaluation set in conf/prompts/)."""
+def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 0.3, exclude: Iterable[Prompt] | None = None,
+                  packages: list[str] | None = None, multi_turn_fraction: float = 0.0, doc_fraction: float = 0.15) -> list[Prompt]:
+    """Deterministic training prompts (for one machine's installed Python), none overlapping `exclude`
+    (default: every evaluation set in conf/prompts/). `arithmetic_fraction` of them are math problems
+    (half from the original arithmetic templates, half from mathgen when `packages` is given),
+    `doc_fraction` documentation-text tasks (with `packages`), the rest coding tasks; then
+    `multi_turn_fraction` of all get a follow-up turn. `packages=None`: the original recipe
+    (stdlib by `inspect`, general exercises, arithmetic templates)."""
     rng = random.Random(seed)
     if exclude is None:
         exclude = [p for ps in evaluation_prompts().values() for p in ps]
     filt = OverlapFilter(exclude)
-    code = coding_prompts(rng) + general_prompts()
+    docs: list[str] = []
+    if packages is None:
+        code = coding_prompts(rng) + general_prompts()
+    else:
+        pcode, docs = package_prompts(package_items(packages), rng)
+        code = coding_prompts(rng) + general_prompts(rng) + pcode
+        rng.shuffle(docs)
     rng.shuffle(code)
     n_arith = int(round(num_prompts * arithmetic_fraction))
-    n_code = min(num_prompts - n_arith, len(code))
-    texts = code[:n_code] + arithmetic_prompts(num_prompts - n_code, rng)
+    n_docs = min(int(round(num_prompts * doc_fraction)) if packages is not None else 0, len(docs))
+    n_code = min(num_prompts - n_arith - n_docs, len(code))
+    n_math = num_prompts - n_code - n_docs
+    if packages is None:
+        math = arithmetic_prompts(n_math, rng)
+    else:
+        math = arithmetic_prompts(n_math // 2, rng) + [math_prompt(rng) for _ in range(n_math - n_math // 2)]
+    texts = code[:n_code] + docs[:n_docs] + math
     seen: set[str] = set()
     out = []
     for t in texts:
@@ -220,24 +274,35 @@ def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 
         seen.add(t)
         out.append(Prompt(id=f"train-{len(out)}", subset="train", messages=(("user", t),)))
     rng.shuffle(out)
+    n_multi = int(round(len(out) * multi_turn_fraction))
+    for i in range(n_multi):  # the first n after the shuffle: a follow-up asked after the target's answer
+        out[i] = Prompt(out[i].id, "train_chat", out[i].messages + (("user", rng.choice(FOLLOWUPS)),))
     return out
 
 
 def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
     from dflash.util.files import atomic_write_text
 
-    atomic_write_text(Path(path), "".join(json.dumps({"id": p.id, "subset": p.subset, "prompt": prompt_text(p)}) + "\n" for p in prompts))
+    def row(p: Prompt) -> dict[str, Any]:
+        if len(p.messages) == 1:
+            return {"id": p.id, "subset": p.subset, "prompt": p.messages[0][1]}
+        return {"id": p.id, "subset": p.subset, "messages": [{"role": r, "content": c} for r, c in p.messages]}
+
+    atomic_write_text(Path(path), "".join(json.dumps(row(p)) + "\n" for p in prompts))
 
 
 
 def main() -> None:
-    """python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]: write the training prompts."""
+    """python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED [--v1]]]: write the training prompts
+    (the installed packages' recipe with multi-turn chats; --v1: the original stdlib-only recipe)."""
     import sys
 
-    out = sys.argv[1] if len(sys.argv) > 1 else ".cache/train_prompts.jsonl"
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 8192
-    seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    ps = build_prompts(n, seed)
+    args = [a for a in sys.argv[1:] if a != "--v1"]
+    out = args[0] if args else ".cache/train_prompts.jsonl"
+    n = int(args[1]) if len(args) > 1 else 8192
+    seed = int(args[2]) if len(args) > 2 else 0
+    v1 = "--v1" in sys.argv
+    ps = build_prompts(n, seed) if v1 else build_prompts(n, seed, 0.3, packages=PACKAGES, multi_turn_fraction=0.15)
     write_prompts(ps, out)
     print(f"wrote {len(ps)} training prompts to {out}")
 

@@ -12,12 +12,17 @@ Each bug reproduces its mechanism, and each acts in one place:
 
 `variants=[fixed,noisy_labels,...]` trains several in lockstep (same data, anchors, initial
 weights, one target forward per step); names join bugs with '+' (`noisy_labels+final_layer`).
+A name may end in drafter-shape suffixes, each after a '-', that override `drafter.*` for that
+variant only (`ARCH_SUFFIXES`): `fixed-dflash2` (drafter.arch=dflash2: the DFlash2 twin),
+`fixed-l2` (2 layers), `fixed-t5` (5 taps), `fixed-i1536` (intermediate size), combinable
+(`fixed-l2-t5`): capacity probes and twins share the data and the target pass of one run.
 Without `variants`, one run with `bugs.*`, named `name` or after its bugs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dflash.config.train import BugsConfig
@@ -25,21 +30,34 @@ from dflash.util.errors import ConfigError
 
 VARIANT_NAMES = ("fixed", "noisy_labels", "final_layer", "loss_dilution")
 BUG_NAMES = tuple(f.name for f in fields(BugsConfig))
+ARCH_SUFFIXES = {"l": "num_layers", "t": "num_taps", "i": "intermediate_size"}  # -l2, -t5, -i1536; and -dflash2
 
 
 @dataclass
 class Variant:
     name: str
     bugs: BugsConfig
+    arch: dict[str, Any] = field(default_factory=dict)  # drafter.* overrides of this variant (name suffixes)
+
+
+def parse_suffix(suffix: str, name: str) -> tuple[str, Any]:
+    """'dflash2' | 'l2' | 't5' | 'i1536' -> (drafter key, value)."""
+    if suffix == "dflash2":
+        return "arch", "dflash2"
+    m = re.fullmatch(r"([lti])([1-9][0-9]*)", suffix)
+    if m is None:
+        raise ConfigError(f"variants: unknown suffix -{suffix} in {name!r}; use -dflash2, -l<layers>, -t<taps> or -i<intermediate size>")
+    return ARCH_SUFFIXES[m.group(1)], int(m.group(2))
 
 
 def parse_variant(name: str) -> Variant:
-    """'fixed', a bug name, or bug names joined by '+' -> Variant."""
-    parts = [p for p in str(name).split("+") if p != "fixed"]
+    """'fixed', a bug name, or bug names joined by '+', optionally with '-' suffixes -> Variant."""
+    head, *suffixes = str(name).split("-")
+    parts = [p for p in head.split("+") if p != "fixed"]
     bad = [p for p in parts if p not in VARIANT_NAMES]
     if bad:
-        raise ConfigError(f"variants: unknown variant {name!r}; use {', '.join(VARIANT_NAMES)} (joined by '+')")
-    return Variant(str(name), BugsConfig(**{p: True for p in parts}))
+        raise ConfigError(f"variants: unknown variant {name!r}; use {', '.join(VARIANT_NAMES)} (joined by '+', shape suffixes after '-')")
+    return Variant(str(name), BugsConfig(**{p: True for p in parts}), dict(parse_suffix(s, str(name)) for s in suffixes))
 
 
 def resolve_variants(cfg: Any) -> list[Variant]:

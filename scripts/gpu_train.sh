@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The shipped drafter set's training on the lent GPU (device tool; docs/training.md), in calls of one lease.
+# Each call sends /work/main's tracked tree (~39 MiB) plus what it carries (64 MiB in all), so, here, once:
+#   /work/main/.gpu/whl        hydra-core, omegaconf, gguf wheels and antlr4-python3-runtime 4.9.3 (`pip wheel`)
+#   /work/main/.gpu/p0..p3     the SmolLM2 GGUF, xz-compressed and split in 4 (`xz -6 -c GGUF | split -n 4 -d -a 1 - p`)
+#   /work/main/.gpu/prompts.jsonl.xz   python -m dflash.train.train_prompts OUT 90000 0 (then xz)
+#   /work/main/.gpu/code       this checkout's dflash/, conf/, scripts/, evaluate.py, pyproject.toml
+# and runs, each call within 30 s of the last (the machine goes back after 30 s idle):
+#   1 `bash .gpu/code/scripts/gpu_train.sh stage`  carry [.gpu/whl, .gpu/p0, .gpu/code]
+#   2 `... stage` carry [.gpu/p1, .gpu/prompts.jsonl.xz]      3 `... stage` carry [.gpu/p2]
+#   4 `bash .gpu/code/scripts/gpu_train.sh train` carry [.gpu/p3]: joins and checks the GGUF, regenerates the data
+#     (data.max_gen_minutes), trains every variant in lockstep until MAX_MIN, packs the last export of each
+#     variant (scripts/pack_out.py: archives of <= 15 MiB) and the metrics and training log (metrics.tgz) into $OUT
+#   5 `GEN_MIN=0.01 ... train` (no carry, same machine): resumes from the checkpoints on the machine's disk (the
+#     trainer resumes by itself), data from its cache; BENCH=1 then runs python -m dflash.bench on the GPU with
+#     the newest fixed export
+# The 2026-12-06 run (scripts/results/train_h100_2026-12-06.log): call 4 with VARIANTS="[fixed,noisy_labels,
+# final_layer,loss_dilution,fixed-dflash2,fixed-l2]" STEPS=1800 GEN_MIN=2.5 MAX_MIN=8.8 EXPORTS="[600,1200]"
+# EXTRA="fixed/step_(600|1200)$", call 5 with the same and GEN_MIN=0.01 MAX_MIN=3.3 BENCH=1.
+# Env: MAX_MIN (minutes from the process start), STEPS (schedule length), VARIANTS, GEN_MIN, EXPORTS, EXTRA (a
+# regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$").
+set -euo pipefail
+R=/root/w; GGUF=$R/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 DFLASH_CACHE_DIR=$R/cache
+mkdir -p $R/cache
+stage() {
+  if [ -d .gpu/whl ] && [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl
+  fi
+  for f in .gpu/p?; do [ -f "$f" ] && cp "$f" $R/; done
+  if [ -f .gpu/prompts.jsonl.xz ]; then python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .gpu/prompts.jsonl.xz $R/prompts.jsonl; fi
+  if [ -d .gpu/code ]; then rm -rf $R/code && cp -r .gpu/code $R/code; fi
+  if [ ! -f $GGUF ] && [ -f $R/p0 ] && [ -f $R/p1 ] && [ -f $R/p2 ] && [ -f $R/p3 ]; then
+    cat $R/p0 $R/p1 $R/p2 $R/p3 | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $GGUF
+    echo "$SHA  $GGUF" | sha256sum -c && rm $R/p?
+  fi
+  ls -la $R; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+}
+case $1 in
+stage) stage ;;
+train)
+  stage; cd $R/code
+  python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution,fixed-dflash2,fixed-l2,fixed-t5]}" \
+    optim.steps=${STEPS:-3200} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa optim.target_dtype=bfloat16 \
+    optim.max_seq_len=576 drafter.selector_rank=16 \
+    data.prompts_path=$R/prompts.jsonl data.num_prompts=100000 data.gen_batch_size=1024 data.shard_size=2048 \
+    data.max_gen_minutes=${GEN_MIN:-4} data.chat_prompt_tokens=384 \
+    tracking.enabled=false out_dir=$R/runs export_dir=$R/ckpt "export_steps=${EXPORTS:-[]}" \
+    save_every=100000 cache_dir=$R/cache max_minutes=${MAX_MIN} > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
+  grep -E "data:|variant |step [0-9]+/|stopping|Error|error" $OUT/train.log | tail -80 || true
+  cd $R; cp $OUT/train.log runs/ 2>/dev/null || true; rm -f $OUT/train.log
+  tar czf $OUT/metrics.tgz $(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true)
+  sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -V | tail -1; if [ -n "${EXTRA:-}" ]; then ls -d $v/step_* | grep -E "$EXTRA" || true; fi; done | sort -u)
+  python3 $R/code/scripts/pack_out.py $OUT $R $sel
+  ls -la $OUT
+  if [ "${BENCH:-0}" = 1 ]; then
+    cd $R/code; last=$(ls -d $R/ckpt/fixed/step_* | sort -V | tail -1)
+    python3 -m dflash.bench --skip generation,scale --online ${ONLINE:-12} target.path=$GGUF drafter.run_dir=$R/ckpt/fixed \
+      device=cuda tracking.enabled=false cache_dir=$R/cache > $OUT/bench.log 2>&1 || echo "BENCH FAILED: $?"
+    grep -v "it/s\]$" $OUT/bench.log | tail -40 || true
+    echo "bench drafter: $last"
+  fi ;;
+esac

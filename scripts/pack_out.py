@@ -1,0 +1,51 @@
+"""Pack folders into as few .tgz archives under $OUT as the device tool brings back (scripts/gpu_train.sh).
+
+    python3 pack_out.py OUT ROOT PATH... [--max-mb 15] [--prefix pack]
+
+Each PATH (relative to ROOT) goes whole into one archive; archives are filled first-fit in the order
+given, each under --max-mb (the tool brings back files of at most 16 MiB, 8 files, 64 MiB in all).
+A path larger than the limit alone is named and left out, never split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tarfile
+from pathlib import Path
+
+
+def size_mb(p: Path) -> float:
+    return sum(f.stat().st_size for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("root")
+    ap.add_argument("paths", nargs="+")
+    ap.add_argument("--max-mb", type=float, default=15.0)
+    ap.add_argument("--prefix", default="pack")
+    a = ap.parse_args()
+    root = Path(a.root)
+    bins: list[tuple[float, list[str]]] = []
+    for rel in a.paths:
+        mb = size_mb(root / rel)
+        if mb > a.max_mb:
+            print(f"NOT PACKED (over {a.max_mb} MiB): {rel}")
+            continue
+        for i, (used, items) in enumerate(bins):
+            if used + mb <= a.max_mb:
+                bins[i] = (used + mb, items + [rel])
+                break
+        else:
+            bins.append((mb, [rel]))
+    for i, (used, items) in enumerate(bins):
+        name = Path(a.out) / f"{a.prefix}{i}.tgz"
+        with tarfile.open(name, "w:gz", compresslevel=1) as tar:
+            for rel in items:
+                tar.add(root / rel, arcname=rel)
+        print(f"{name.name}: {used:.1f} MiB: {' '.join(items)}")
+
+
+if __name__ == "__main__":
+    main()
