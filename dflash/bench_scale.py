@@ -1,17 +1,20 @@
 """The bench at the users' shape: a random Qwen3.6-27B-shaped VL checkpoint, evaluated stage by stage.
 
     python -m dflash.bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu 12x256]
-        [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR]
+        [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR] [--scale-drafter dflash2]
 
 `build_vl(shape, folder, tokenizer)` writes a `Qwen3_5ForConditionalGeneration` of random weights
 (the real config's text decoder: 64 layers, 3 Gated DeltaNet layers to 1 full-attention layer,
 hidden 5120, vocabulary 248,320; and its vision tower) as a VL folder: built on the GPU in bf16
 where there is one and saved shard by shard (safetensors, `model.safetensors.index.json`), with
 the given tokenizer beside it (SmolLM2's: ids past its 49,152 decode to nothing). Not committed;
-under `<cache_dir>/bench/<shape>` (rebuilt when absent).
+under `<cache_dir>/bench/<shape>` (rebuilt when absent). The random model is freed before any child
+starts (and the CUDA cache emptied): the child loads the 27B target on the same GPU.
 
 `scale_eval` (a child process per device, so peak RSS is its own): `pipeline.run` with
-`target=qwen3_6_27b target.path=<folder> drafter=init drafter.num_layers=5` on builtin prompts,
+`target=qwen3_6_27b target.path=<folder> drafter=init drafter.num_layers=5` (`--scale-drafter`, DRAFTERS:
+`dflash`, or `dflash2` as SpecForge's 27B example: block 8, every layer sliding at 2048 and non-causal,
+random convolutions and selector) on builtin prompts,
 then the replay again in each mode (`replay.anchors`, `replay.tf_stride`), the drafter saved as an
 HF folder and loaded back from it (what a checkpoint evaluation pays)
 and, with `--scale-engine` on CUDA, the references engine with and without inductor
@@ -22,6 +25,7 @@ the per-token costs measured here (DFLASH.md §7: 2048 new tokens, 128 prompts p
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import shutil
@@ -58,6 +62,10 @@ SHAPES: dict[str, dict[str, Any]] = {  # Qwen3.5 / 3.6-27B's config.json (text a
                          linear_key_head_dim=16, linear_value_head_dim=16, eos_token_id=2),
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4, num_position_embeddings=16),
     ),
+}
+DRAFTERS = {  # --scale-drafter: the drafter=init overrides of the 5-layer drafter the bench evaluates
+    "dflash": [],
+    "dflash2": ["drafter.arch=dflash2", "drafter.block_size=8", "drafter.window=2048", "drafter.is_causal=false"],
 }
 SHARD_BYTES = 4 << 30
 PROTOCOL_TOKENS, PROTOCOL_PROMPTS = 2048, 128  # DFLASH.md §7: max_new_tokens, prompts per data set (gsm8k, math500, mbpp: 128)
@@ -100,9 +108,18 @@ def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     del model, sd
+    release(dev)
     log.info("scale: %s written to %s: %.2fB parameters, %.1f GB, built in %.1f s on %s, %.1f s in all", shape, folder, params / 1e9, total / 1e9,
              built, dev, time.perf_counter() - t0)
     return folder
+
+
+def release(device: str) -> None:
+    """Free what was built on `device`: collected now (modules hold reference cycles) and, on CUDA, the allocator's
+    cache emptied, so that a child process loading the target on the same GPU finds the memory."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def _sync(device: str) -> None:
@@ -118,7 +135,8 @@ def drafter_from_file(cfg: config_mod.EvalConfig, info: Any, where: Path) -> dic
     device, dtype = pipeline.resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     out: dict[str, float] = {}
     for kind in ("init", "hf"):
-        c = cfg if kind == "init" else replace(cfg, drafter=replace(cfg.drafter, kind="hf", path=str(where), name="saved"))
+        saved = replace(cfg.drafter, kind="hf", path=str(where), name="saved", arch="dflash", window=None, is_causal=None)  # the folder says
+        c = cfg if kind == "init" else replace(cfg, drafter=saved)
         t0 = time.perf_counter()
         d = build_drafter(fit_drafter(pipeline.read_drafter_conf(c), info))
         d.model.to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
@@ -151,7 +169,11 @@ def scale_eval(spec: dict[str, Any]) -> None:
     res = pipeline.run(cfg)
     wall = time.perf_counter() - t0
     r = res.prompts
+    dc = res.info.drafter_config
     out: dict[str, Any] = dict(device=spec["device"], timings=res.timings, wall=wall, prompts=len(r), max_new_tokens=m,
+                               block_size=res.info.block_size,
+                               drafter=f"{dc.get('architecture', 'DFlashDraftModel')}, block {res.info.block_size}, sliding layers "
+                                       f"{dc.get('sliding_layers')} (window {dc.get('sliding_window')}), causal layers {dc.get('causal_layers')}",
                                prompt_tokens=sum(len(p.prompt_ids) for p in r), new_tokens=sum(len(p.reference) for p in r),
                                kernel=res.info.linear_attention_kernel, engine=res.info.references.engine, tau=res.metrics["acceptance_length"],
                                peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, threads=torch.get_num_threads())
@@ -193,9 +215,9 @@ def _per_token(r: dict[str, Any]) -> dict[str, float]:
 PUBLISHED_TAU = 6.55  # DFLASH.md §7: Qwen3-8B-DFlash-b16 on GSM8K (and HumanEval), temperature 0
 
 
-def projected_replay(modes: dict[str, float], tokens: int, tau: float, feature_s: float) -> list[str]:
+def projected_replay(modes: dict[str, float], tokens: int, tau: float, feature_s: float, block: int = 16) -> list[str]:
     """At τ = 1 (a random drafter) the loop visits every anchor, so the `visited` runs at strides 1 and 4
-    give the two per-anchor costs: c_full (all 16 slots through the LM head: a teacher-forced anchor) =
+    give the two per-anchor costs: c_full (all `block` slots through the LM head: a teacher-forced anchor) =
     r(1), and c_walk (a visited anchor, the LM head on the slots the walk reads) from r(4) = c_full / 4
     + 3 c_walk / 4. A trained drafter's replay per token is then about c_full / s + c_walk (1 - 1/s) / τ:
     printed for τ of the public drafters, labelled as projected."""
@@ -203,7 +225,7 @@ def projected_replay(modes: dict[str, float], tokens: int, tau: float, feature_s
     if r1 is None or r4 is None or abs(tau - 1.0) > 1e-9:
         return []
     c_full, c_walk = r1 / tokens, (4 * r4 - r1) / 3 / tokens
-    lines = [f"  per anchor at τ 1: teacher-forced (16 slots, LM head on 15) {c_full * 1e3:.2f} ms, visited only (LM head on the slots "
+    lines = [f"  per anchor at τ 1: teacher-forced ({block} slots, LM head on {block - 1}) {c_full * 1e3:.2f} ms, visited only (LM head on the slots "
              f"the walk reads) {c_walk * 1e3:.2f} ms"]
     for s in (1, 4, 16):
         per_tok = c_full / s + c_walk * (1 - 1 / s) / PUBLISHED_TAU
@@ -216,7 +238,8 @@ def format_device(r: dict[str, Any]) -> list[str]:
     t, pt = r["timings"], _per_token(r)
     toks = r["prompt_tokens"] + r["new_tokens"]
     lines = [f"scale on {r['device']} ({r['threads']} CPU threads), bf16, {r['prompts']} builtin prompts x {r['max_new_tokens']} new tokens "
-             f"({r['prompt_tokens']} prompt + {r['new_tokens']} new tokens), linear attention: {r['kernel']}; references engine: {r['engine']}"]
+             f"({r['prompt_tokens']} prompt + {r['new_tokens']} new tokens), linear attention: {r['kernel']}; references engine: {r['engine']}",
+             f"  drafter: drafter=init, 5 layers, {r.get('drafter', '-')}"]
     rows = [("prepare (drafter read, target inspected, prompts)", t.get("prepare"), ""),
             ("load target", t.get("load_target"), ""),
             (f"load drafter (drafter=init: random init of {r['drafter_params'] / 1e9:.2f}B parameters)", t.get("load_drafter"), ""),
@@ -235,7 +258,7 @@ def format_device(r: dict[str, Any]) -> list[str]:
     modes = r.get("replay_modes", {})
     for mode, sec in modes.items():
         lines.append(f"  replay again, {mode}: {sec:.2f} s = {sec / r['new_tokens'] / pt['features']:.2f}x the feature pass per token")
-    lines += projected_replay(modes, r["new_tokens"], r["tau"], pt["features"])
+    lines += projected_replay(modes, r["new_tokens"], r["tau"], pt["features"], r.get("block_size", 16))
     lines.append(f"  drafter load from a file: {r['drafter_hf_s']:.2f} s (target <= 2 s; its sha256 in a thread beside it, "
                  f"+{r.get('drafter_digest_wait_s', 0):.2f} s if awaited at once); drafter=init: {r['drafter_init_s']:.2f} s")
     ref_s = pt["references"] * PROTOCOL_TOKENS * PROTOCOL_PROMPTS
@@ -261,8 +284,9 @@ def format_device(r: dict[str, Any]) -> list[str]:
 
 
 def report(shape: str, cache_dir: str, tokenizer: Any, devices: list[str], sizes: dict[str, tuple[int, int]], engine: bool,
-           overrides: list[str]) -> str:
-    folder = build_vl(shape, Path(cache_dir, "bench", shape), tokenizer)
+           overrides: list[str], drafter: str = "dflash") -> str:
+    folder = build_vl(shape, Path(cache_dir, "bench", shape), tokenizer)  # freed before any child starts
+    overrides = [*DRAFTERS[drafter], *overrides]
     results = []
     with tempfile.TemporaryDirectory(prefix="dflash-scale-cache-") as cache:
         for dev in devices:

@@ -27,16 +27,20 @@ def test_bench_prints_every_section(tmp_path, qwen3_dir):
 
 
 @pytest.mark.slow
-def test_bench_scale_vl_prints_every_stage(tmp_path):
-    """The 27B path on a tiny VL shape (SmolLM2's tokenizer, as at 27B): folder built and saved by shards, a child per device, the table."""
+@pytest.mark.parametrize("drafter, kind", [("dflash", "DFlashDraftModel, block 16, sliding layers []"),
+                                           ("dflash2", "DFlash2DraftModel, block 8, sliding layers [0, 1, 2, 3, 4] (window 2048), "
+                                                       "causal layers []")])
+def test_bench_scale_vl_prints_every_stage(tmp_path, drafter, kind):
+    """The 27B path on a tiny VL shape (SmolLM2's tokenizer, as at 27B): folder built and saved by shards, a child per device, the
+    table; `--scale-drafter dflash2`: the 5-layer DFlash2 drafter of SpecForge's 27B example (saved and read back as a folder too)."""
     env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "dflash.bench", "--skip", "sweep,online,generation", "--scale", "tiny_vl", "--scale-devices", "cpu",
-           "--scale-cpu", "2x4", "target.mask_token_id=100", "target.default_taps=null", "tracking.enabled=false"]
+           "--scale-cpu", "2x4", "--scale-drafter", drafter, "target.mask_token_id=100", "target.default_taps=null", "tracking.enabled=false"]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for line in ["load target", "references", "features", "replay", "loaded from a saved HF folder", "peak RSS",
                  "replay per token / feature pass per token", "projected", "linear attention: torch fallback",
-                 "replay again, replay.anchors=visited replay.tf_stride=4"]:
+                 "replay again, replay.anchors=visited replay.tf_stride=4", f"drafter: drafter=init, 5 layers, {kind}"]:
         assert line in r.stdout, (line, r.stdout)
 
 
@@ -48,3 +52,37 @@ def test_bench_bad_override_exits_2_naming_the_key(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "dflash-bench: error: prompts.num_promts is not a config key" in r.stderr and "num_prompts" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_scale_bench_frees_its_random_model_before_the_child(tmp_path, monkeypatch):
+    """Issue 29.4: the random 27B model the parent builds (on the GPU where there is one) is gone, and the CUDA cache
+    emptied on CUDA, before the child that loads the target on the same device starts. Here the tiny shape on CPU:
+    when the child is spawned no VL model object is alive; `release` empties the CUDA cache for a CUDA build."""
+    import weakref
+
+    from conftest import make_tokenizer
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from dflash import bench_scale
+
+    made, alive, emptied = [], [], []
+    build = Qwen3_5ForConditionalGeneration._from_config
+
+    def spy(*a, **kw):  # every model build_vl makes, watched
+        m = build(*a, **kw)
+        made.append(weakref.ref(m))
+        return m
+
+    def child(spec):
+        alive.append([r() is not None for r in made])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(Qwen3_5ForConditionalGeneration, "_from_config", staticmethod(spy))
+    monkeypatch.setattr(bench_scale, "_child", child)
+    with pytest.raises(RuntimeError, match="stop here"):
+        bench_scale.report("tiny_vl", str(tmp_path), make_tokenizer(), ["cpu"], {"cpu": (1, 2)}, False, [], "dflash2")
+    assert alive == [[False]]  # one model built, gone when the child is spawned
+    monkeypatch.setattr("torch.cuda.empty_cache", lambda: emptied.append(True))
+    bench_scale.release("cpu")
+    bench_scale.release("cuda")
+    assert emptied == [True]

@@ -65,6 +65,23 @@ def test_compare_rows_and_subsets():
     assert "nll_mean" not in {r.metric for r in compare(align(unscored, _rows(2), ID, ID))}
 
 
+def test_dflash2_rows_carry_the_unary_counters_and_pair():
+    """per_prompt.json of a DFlash2 run holds the unary walk's counters and the top-k hits (a DFlash run's rows do not hold
+    the keys at all); two DFlash2 runs compare on the unary τ and the top-k recall too (hand-made counts)."""
+    def d2(rows: list[PromptRow], hits: int) -> list[PromptRow]:
+        return [dataclasses.replace(r, unary_steps=r.steps + 10, unary_committed=r.steps + 10, tf_unary_correct=[1, 1, 0],
+                                    tf_topk_hit=[hits, 4, 2]) for r in rows]
+
+    a, b = d2(_rows(3), 10), d2(_rows(3, shift=0.1), 20)
+    assert "unary_steps" not in _dicts(3)[0] and rows_of([r.to_dict() for r in a]) == a  # absent for DFlash, round trip for DFlash2
+    out = {r.metric: r for r in compare(align(a, b, ID, ID))}
+    assert out["acceptance_length_unary"].a == out["acceptance_length_unary"].b == 1.0 and out["acceptance_length_unary"].diff == 0.0
+    steps = sum(r.steps for r in a)
+    assert out["topk_recall/pos_01"].a == pytest.approx(10 * 30 / steps) and out["topk_recall/pos_01"].b == pytest.approx(20 * 30 / steps)
+    assert out["acceptance_length"].diff > 0  # the τ gap with no unary τ gap: the selector gained
+    assert not {"acceptance_length_unary", "topk_recall/pos_01"} & {r.metric for r in compare(align(_rows(3), b, ID, ID))}  # one DFlash run
+
+
 def test_other_prompts_or_references_are_refused():
     a = _rows(3)
     with pytest.raises(CompareError, match=r"different prompts \(1 only in A: p29; 0 only in B\)"):

@@ -54,6 +54,24 @@ def test_mlflow_names_are_the_summary_and_curve_names():
     assert not ({"acceptance_length_unary", "selector_gain", "by_position/topk_recall", "by_position/unary_accuracy"} & dflash)
 
 
+def test_per_prompt_rows_carry_the_unary_counters():
+    """per_prompt.json (what python -m dflash.compare pairs) holds a DFlash2 prompt's unary walk and top-k hits; a DFlash
+    prompt's row has no such keys."""
+    from dflash.stages.prompts import Prompt
+    from dflash.stages.result import PromptResult, per_prompt_row
+
+    c = Counters(block_size=4, selector=True)
+    count_step(c, 1, 2)
+    c.unary_steps, c.unary_committed = 2, 3
+    c.tf_total, c.tf_correct, c.tf_unary_correct, c.tf_topk_hit = [2, 2, 2], [1, 1, 0], [1, 0, 0], [2, 1, 1]
+    p = Prompt(id="p", subset="s", messages=(("user", "hi"),))
+    row = per_prompt_row(PromptResult(p, [1, 2], [3, 4, 5], c, [])).to_dict()
+    assert (row["unary_steps"], row["unary_committed"], row["tf_unary_correct"], row["tf_topk_hit"]) == (2, 3, [1, 0, 0], [2, 1, 1])
+    plain = Counters(block_size=4)
+    count_step(plain, 1, 2)
+    assert not {"unary_steps", "tf_topk_hit"} & set(per_prompt_row(PromptResult(p, [1, 2], [3, 4, 5], plain, [])).to_dict())
+
+
 def test_a_training_run_curves_carry_the_unary_tau_gain_and_recall():
     """A DFlash2 child's point on its training run's curves: the unary τ, the selector's gain, and per slot the
     unary accuracy and top-k recall beside the accuracy (none of them for a DFlash child)."""

@@ -6,7 +6,8 @@ prompts: other prompts, prompts rendered to other ids or other references (each 
 prompt and reference ids), another target or dtype (`RunIdentity`, from the runs' tags; a run without
 those tags cannot be checked and is refused too). `compare`
 gives the gap in τ (overall and per subset), in teacher-forced accuracy at slots 1-3 and (both run
-with scores=true) in the reference token's NLL, each with its paired SE (metrics.paired_ratio_diff;
+with scores=true) in the reference token's NLL, for two DFlash2 runs in the unary τ and the top-k recall at
+slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), each with its paired SE (metrics.paired_ratio_diff;
 what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
 and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/compare.py,
 reads the runs through dflash.tracking).
@@ -44,7 +45,7 @@ Pair = tuple[PromptRow, PromptRow]
 class CompareRow:
     """One metric of `compare`: A's and B's value, the paired gap B − A, its SE and z; None where undefined."""
 
-    metric: str  # acceptance_length, acceptance_length/<subset>, accuracy/pos_0k, nll_mean
+    metric: str  # acceptance_length, acceptance_length/<subset>, accuracy/pos_0k, nll_mean; DFlash2: acceptance_length_unary, topk_recall/pos_0k
     a: Rate
     b: Rate
     diff: Rate
@@ -115,6 +116,10 @@ def compare(pairs: list[Pair]) -> list[CompareRow]:
         out.append(_row(f"accuracy/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_correct[k], lambda r, k=k: r.tf_total[k]))
     if pairs and all(x.tf_nll is not None and y.tf_nll is not None for x, y in pairs):  # both ran with scores=true
         out.append(_row("nll_mean", pairs, lambda r: r.tf_nll, lambda r: sum(r.tf_total)))
+    if pairs and all(x.unary_steps is not None and y.unary_steps is not None for x, y in pairs):  # two DFlash2 runs
+        out.append(_row("acceptance_length_unary", pairs, lambda r: r.unary_committed, lambda r: r.unary_steps))
+        for k in range(min(3, len(pairs[0][0].tf_total))):
+            out.append(_row(f"topk_recall/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_topk_hit[k], lambda r, k=k: r.tf_total[k]))
     return out
 
 

@@ -124,20 +124,28 @@ class PromptRow:
     tf_nll: Optional[float]  # Σ -log p(reference token) over every anchor and slot; None without scores=true
     prompt_digest: str  # ids_digest of the rendered prompt ids (template, system prompt, tokenizer)
     reference_digest: str  # ids_digest of the reference ids (target, dtype, server, sampling)
+    # DFlash2 (Counters.selector); absent from per_prompt.json for DFlash, not null
+    unary_steps: Optional[int] = None  # the unary argmax's own walk: verify steps
+    unary_committed: Optional[int] = None  # and tokens committed
+    tf_unary_correct: Optional[list[int]] = None  # [B-1] teacher-forced unary top-1 hits
+    tf_topk_hit: Optional[list[int]] = None  # [B-1] reference token among the unary top-k
 
     @property
     def acceptance_length(self) -> Rate:
         return ratio(self.committed, self.steps)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {k: v for k, v in asdict(self).items() if v is not None or k not in SELECTOR_ROW}
         return {**{k: d.pop(k) for k in ("id", "subset", "prompt_tokens", "new_tokens", "steps", "committed")},
                 "acceptance_length": self.acceptance_length, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PromptRow":
         """A row read back from per_prompt.json; KeyError names a field an older dflash-eval did not log."""
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return cls(**{f.name: d.get(f.name) if f.name in SELECTOR_ROW else d[f.name] for f in fields(cls)})
+
+
+SELECTOR_ROW = ("unary_steps", "unary_committed", "tf_unary_correct", "tf_topk_hit")  # PromptRow's DFlash2 fields
 
 
 def row_counters(rows: list[PromptRow]) -> Counters:

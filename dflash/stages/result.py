@@ -74,4 +74,6 @@ def per_prompt_row(r: PromptResult) -> PromptRow:
     c = r.counters
     return PromptRow(id=r.prompt.id, subset=r.prompt.subset, prompt_tokens=len(r.prompt_ids), new_tokens=c.new_tokens, steps=c.steps,
                      committed=c.committed, accepted_at_pos=c.accepted_at_pos, tf_correct=c.tf_correct, tf_total=c.tf_total,
-                     tf_nll=sum(c.tf_nll) if scored(c) else None, prompt_digest=ids_digest(r.prompt_ids), reference_digest=ids_digest(r.reference))
+                     tf_nll=sum(c.tf_nll) if scored(c) else None, prompt_digest=ids_digest(r.prompt_ids), reference_digest=ids_digest(r.reference),
+                     **({"unary_steps": c.unary_steps, "unary_committed": c.unary_committed, "tf_unary_correct": c.tf_unary_correct,
+                         "tf_topk_hit": c.tf_topk_hit} if c.selector else {}))
