@@ -1,45 +1,14 @@
 """A drafter's config.json read the way the field's implementations read it, or refused.
 
-Public drafter configs are Qwen3 configs as transformers writes them (DFLASH.md §5), plus DFlash's
-own fields. `parse_config(raw)` builds a transformers `Qwen3Config` from the architecture keys,
-exactly as `from_pretrained` would (legacy `rope_theta` + `rope_scaling` and transformers 5's
-`rope_parameters` alike; `use_sliding_window` / `max_window_layers` / `layer_types` as its
-`__post_init__` resolves them; its defaults where a key is absent: rope θ 10000, head_dim 128),
-and takes every architectural value from that object. DFlash's fields follow SGLang's parser:
-
-- `block_size`, `target_layer_ids`, `mask_token_id`, `num_target_layers` (and `mask_token`) come
-  from `dflash_config` first, then the top level; when both exist and differ, a warning names both
-  and the one used. Overrides (`drafter.block_size`, ...) fill only what the checkpoint lacks.
-- Rope: transformers' frequencies and attention scaling. Where SGLang / vLLM serve the same config
-  differently, a warning gives both: dynamic NTK (the engines use a fixed scaled base at every
-  position) and yarn / longrope `attention_factor`, `mscale`, `mscale_all_dim` (the engines ignore them).
-- No `target_layer_ids`: the public rule, one tap per draft layer (`build_target_layer_ids`),
-  resolved against the target in phase 2 (dflash.models.checkpoint). No `mask_token_id`: `mask_token`
-  is looked up in the target's tokenizer, also in phase 2.
-
-Refusals (a `CheckpointError` naming the key and what to do; the run stops before the target
-loads). Every top-level and `dflash_config` key falls in exactly one class:
-
-- UNDERSTOOD: read, type-checked and implemented (the tables below; vLLM's `dflash_config.causal`,
-  `target_hidden_size`, `draft_vocab_size`, `logit_scale`: dflash/models/formats.py, which also
-  translates vLLM's other keys and the speculators format into these before this parser runs).
-- HARMLESS: known to change nothing the drafter computes (what `Qwen3Config.save_pretrained`
-  writes besides the architecture, and Hugging Face metadata): kept in `extra`, written back.
-- EXTENSIONS: keys some implementation reads that this one does not implement (DFlash2's keys at
-  the top level or in a DFlashDraftModel's config, SGLang's projector, logit multipliers and soft-capping,
-  attention sinks, value scaling, SGLang's `has_embed_tokens`, quantization, z-lab's `is_causal`
-  and `input_embedding_scale`, `mlp_bias`, interleaved rotary): accepted only at the value that
-  means "off" (listed per key), refused otherwise.
-- Anything else is unknown: accepted when its value is null, false or empty (it cannot switch
-  anything on), refused otherwise.
-
-Also refused: `hidden_act` other than silu; `partial_rotary_factor` other than 1 (transformers'
-Qwen3 rotates the whole head for the default rope type and fails for the scaled ones, and
-SGLang's DFlash drafter rotates the whole head: neither computes what such a drafter was trained
-with); rope types other than default, linear, dynamic, yarn, longrope, llama3, and per-layer rope
-parameters; `sliding_attention` layers without a window (transformers drops `sliding_window`
-unless `use_sliding_window` is true; SGLang refuses that config). Every field's type is checked
-with a message naming it.
+`parse_config(raw)` builds transformers' `Qwen3Config` from the architecture keys (exactly as
+`from_pretrained` would, rope forms and sliding-window keys included) and takes every architectural
+value from it; DFlash's own fields follow SGLang's parser (`dflash_config` first, then the top level, a
+warning when both differ; overrides fill only what the checkpoint lacks); DFlash2's keys are checked in
+dflash/models/dflash2_config.py, and other formats are translated first by dflash/models/formats.py.
+Every top-level and `dflash_config` key falls in one class of the tables below: UNDERSTOOD (read and
+implemented), HARMLESS (changes nothing computed; written back), EXTENSIONS (accepted only at the value
+meaning "off") or unknown (accepted only when null, false or empty). Anything else is a `CheckpointError`
+naming the key and what to do, raised before the target loads. What is read how: docs/checkpoints.md.
 """
 
 from __future__ import annotations
