@@ -58,9 +58,9 @@ def _evaluate(tmp: Path) -> None:
 
 
 @contextmanager
-def _served(tmp: Path):
-    """`mlflow server` on the temp store and a headless Chromium context -> (base url, browser context)."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+def _served(tmp: Path, pw):
+    """`mlflow server` on the temp store and a headless Chromium context of `pw` (the module's one Playwright:
+    a second sync_playwright() inside the first's loop is refused) -> (base url, browser context)."""
     port = _free_port()
     log = open(tmp / "server.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
@@ -77,14 +77,13 @@ def _served(tmp: Path):
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"mlflow server did not come up: {(tmp / 'server.log').read_text()[-2000:]}")
                 time.sleep(1)
-        with sync_api.sync_playwright() as pw:
-            ctx = pw.chromium.launch_persistent_context(str(tmp / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,
-                                                        viewport={"width": 1440, "height": 900})
-            # the assistant panel opens itself on a first visit and hides half the page
-            ctx.add_init_script("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')")
-            ctx.set_default_timeout(60_000)
-            yield base, ctx
-            ctx.close()
+        ctx = pw.chromium.launch_persistent_context(str(tmp / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,
+                                                    viewport={"width": 1440, "height": 900})
+        # the assistant panel opens itself on a first visit and hides half the page
+        ctx.add_init_script("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')")
+        ctx.set_default_timeout(60_000)
+        yield base, ctx
+        ctx.close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker: the group started above
         server.wait(timeout=30)
@@ -92,7 +91,17 @@ def _served(tmp: Path):
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory):
+def pw():
+    """One Playwright for the module's two served stores."""
+    if not CHROMIUM:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    with sync_api.sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory, pw):
     """-> (base url, experiment, run, MlflowClient, browser context), all torn down after the module."""
     if not CHROMIUM:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
@@ -104,12 +113,12 @@ def ui(tmp_path_factory):
     client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
     (run,) = client.search_runs([exp.experiment_id])
-    with _served(tmp) as (base, ctx):
+    with _served(tmp, pw) as (base, ctx):
         yield base, exp, run, client, ctx
 
 
 @pytest.fixture(scope="module")
-def training_ui(tmp_path_factory):
+def training_ui(tmp_path_factory, pw):
     """`drafter.step=all` on the shipped fixed run (its metrics.jsonl beside it) served -> (base url, experiment, parent, client, context)."""
     if not CHROMIUM:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
@@ -125,7 +134,7 @@ def training_ui(tmp_path_factory):
     client = tracking.mlflow_client(f"sqlite:///{tmp}/mlflow.db")
     (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
     (parent,) = [x for x in client.search_runs([exp.experiment_id]) if x.data.tags.get(tracking.ROLE_TAG) == tracking.TRAINING_RUN]
-    with _served(tmp) as (base, ctx):
+    with _served(tmp, pw) as (base, ctx):
         yield base, exp, parent, client, ctx
 
 
