@@ -103,9 +103,6 @@ def pw():
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory, pw):
     """-> (base url, experiment, run, MlflowClient, browser context), all torn down after the module."""
-    if not CHROMIUM:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
     from mlflow.tracking import MlflowClient
 
     tmp = tmp_path_factory.mktemp("ui")
@@ -120,9 +117,6 @@ def ui(tmp_path_factory, pw):
 @pytest.fixture(scope="module")
 def training_ui(tmp_path_factory, pw):
     """`drafter.step=all` on the shipped fixed run (its metrics.jsonl beside it) served -> (base url, experiment, parent, client, context)."""
-    if not CHROMIUM:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
     from dflash import tracking
 
     tmp = tmp_path_factory.mktemp("training_ui")
