@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from dflash.models import gqa
 from dflash.models.forward import cache_kwarg, tap
 from dflash.models.target import Target
 from dflash.util.errors import TargetError
@@ -147,10 +148,11 @@ class Engine:
         if self.linear:  # hybrid: Gated DeltaNet layers take the 2D padding mask (zeroes left padding)
             mask = {"full_attention": mask, "linear_attention": (write[None, :] >= self.start[:, None]).long()}
         pos = (write[None, :] - self.start[:, None]).clamp(min=0)  # [b, q]
-        out = self.decoder(
-            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-            output_hidden_states=bool(self.taps), **{self.cache_kw: self.cache},
-        )
+        with gqa.engaged(self.decoder.config):  # grouped heads without repeat_kv under our mask (gqa.py)
+            out = self.decoder(
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                output_hidden_states=bool(self.taps), **{self.cache_kw: self.cache},
+            )
         taps = tap(out.hidden_states, self.taps) if self.taps else None
         return out.last_hidden_state, taps
 
