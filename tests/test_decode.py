@@ -131,3 +131,25 @@ def test_generate_equals_hf_generate_smollm2():
     assert len({len(p) for p in prompts}) > 1
     eos = t.eos_ids
     assert generate(t, prompts, 32, batch_size=3) == [cut_at_eos(hf_greedy(t, p, 32, eos), eos) for p in prompts]
+
+
+def test_closed_generator_is_freed_without_the_cyclic_collector(qwen3_target):
+    """A Generator's captured step holds a bound method of it (a cycle); close() breaks it, so a run building
+    one engine per shard (the trainer's data) frees each before the next, not at some later gc."""
+    import gc
+    import weakref
+
+    from dflash.models.generator import Generator
+
+    gc.collect()
+    gc.disable()
+    try:
+        gen = Generator(qwen3_target, 2, 8, 4, graphs=False)
+        assert len(gen([[1, 2, 3], [4, 5]])) == 2
+        eng = weakref.ref(gen.eng)
+        ref = weakref.ref(gen)
+        gen.close()
+        del gen
+        assert ref() is None and eng() is None
+    finally:
+        gc.enable()

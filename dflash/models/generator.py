@@ -51,6 +51,13 @@ class Generator:
         self.at = torch.zeros(batch, dtype=torch.long, device=dev)  # [b] absolute position of the next token
         self.step = eng.capture(self._step, "step")
 
+    def close(self) -> None:
+        """Drop the captured step (its CUDA graph and memory pool) and the engine's cache now: the step's bound
+        method makes a reference cycle, which only Python's cyclic collector would free, after any number of
+        engines' worth of GPU memory."""
+        self.step = None  # type: ignore[assignment]
+        self.eng = None  # type: ignore[assignment]
+
     def _step(self) -> None:
         h, _ = self.eng.forward(self.ids, self.write)  # [b, 1, H]
         nxt = self.eng.greedy(h[:, -1]) if self.sampling.greedy else pick(self.eng.head(h[:, -1]), self.sampling, self.keys, self.at)  # [b]
@@ -136,11 +143,15 @@ def generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batc
     b = gen.eng.batch
     log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), b, max_new_tokens,
              "CUDA graphs" + (" (compiled)" if gen.eng.compile else "") if gen.eng.graphs else "eager")
-    with Progress("generate", total=len(prompts) * max_new_tokens, unit="tok") as bar:  # the budget; rows that stop early shrink it
-        for rows in length_batches(prompts, b):
-            for i, comp in zip(rows, gen([prompts[i] for i in rows], on_tokens=bar.update)):
-                out[i] = comp
-                bar.shrink_total(max_new_tokens - len(comp))
+    try:
+        with Progress("generate", total=len(prompts) * max_new_tokens, unit="tok") as bar:  # the budget; rows that stop early shrink it
+            for rows in length_batches(prompts, b):
+                for i, comp in zip(rows, gen([prompts[i] for i in rows], on_tokens=bar.update)):
+                    out[i] = comp
+                    bar.shrink_total(max_new_tokens - len(comp))
+    finally:
+        if generator is None:
+            gen.close()
     return out
 
 

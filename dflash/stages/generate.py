@@ -64,12 +64,16 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
             if on_done is not None:
                 on_done(i, comp)
 
-        for rows in length_batches(prompts, engine.eng.batch if engine else batch_size):
+        try:
+            for rows in length_batches(prompts, engine.eng.batch if engine else batch_size):
+                if engine is not None:
+                    for i, comp in zip(rows, engine([prompts[i] for i in rows], on_tokens=tick)):
+                        finish(i, comp)
+                else:
+                    _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp), sampling, tick)
+        finally:
             if engine is not None:
-                for i, comp in zip(rows, engine([prompts[i] for i in rows], on_tokens=tick)):
-                    finish(i, comp)
-            else:
-                _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp), sampling, tick)
+                engine.close()  # its GPU memory now, not at the next cyclic collection (a training run builds one per shard)
     return out
 
 
