@@ -232,6 +232,26 @@ def test_flex_agrees_with_sdpa(qwen3_target, make_drafter, causal):
         assert torch.equal(qwen3_target.lm_head(hf).argmax(-1), qwen3_target.lm_head(hs).argmax(-1))
 
 
+def test_flex_takes_its_inputs_in_the_autocast_dtype(monkeypatch):
+    """flex_attention is not autocast-aware: under bf16 autocast (the trainer on a GPU) RMSNorm hands it fp32
+    q/k beside a bf16 v, which it refuses. `attend` casts all three to autocast's dtype (flex itself stood in
+    by a recorder: it needs CUDA)."""
+    from dflash.models import drafter as drafter_mod
+
+    seen = []
+
+    def flex(q, k, v, block_mask=None, enable_gqa=False):
+        seen.append((q.dtype, k.dtype, v.dtype, enable_gqa))
+        return q
+
+    monkeypatch.setattr(drafter_mod, "_compiled_flex", lambda: flex)
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        drafter_mod.attend(q, k, v, None, "flex")
+    drafter_mod.attend(q, k, v.float(), None, "flex")  # no autocast: left as given
+    assert seen == [(torch.bfloat16,) * 3 + (True,), (torch.float32,) * 3 + (True,)]
+
+
 # --- batched == per-anchor (the offline replay's premise) -------------------------------------
 
 

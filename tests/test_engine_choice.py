@@ -47,13 +47,16 @@ def test_reference_options_name_the_bad_key():
 
 def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
     """greedy_generate hands the engine the rule's choice and reports it (the CUDA engine stood in by a recorder)."""
-    seen = []
+    seen, closed = [], []
 
     class FakeEngine:
         eng = types.SimpleNamespace(graphs=True, batch=2)
 
         def __call__(self, prompts, on_tokens=None):
             return [[2] for _ in prompts]
+
+        def close(self):
+            closed.append(True)
 
     def fake(t, b, p, n, compile, *rest):
         seen.append((b, compile))
@@ -69,6 +72,7 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
         assert ("not compiled" in label) is not want and setup is not None
     greedy_generate(qwen3_target, [[5]] * 4, 3, batch_size=2, compile="auto", compile_min_steps=6)
     assert seen[-1] == (2, True)  # 2 batches x 3 = 6 steps
+    assert len(closed) == len(seen)  # each engine closed once its batches are done
 
 
 def test_cpu_references_report_no_engine(qwen3_target, tmp_path):

@@ -162,7 +162,10 @@ def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_ancho
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask, backend: str) -> Tensor:
     """q [S, H, Q, D], k/v [S, Hkv, K, D]; mask bool [S, Q, K] (or BlockMask for flex) -> [S, H, Q, D]."""
-    if backend == "flex":
+    if backend == "flex":  # flex_attention is not autocast-aware: under autocast its three inputs take autocast's dtype (RMSNorm's q/k stay fp32)
+        if torch.is_autocast_enabled(q.device.type):
+            dt = torch.get_autocast_dtype(q.device.type)
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
         return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
