@@ -16,7 +16,7 @@ SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DFLASH_CACHE_DIR=/root/cache
 mkdir -p $G /root/cache
 for f in .gguf/p?; do [ -f "$f" ] && cp "$f" $G/; done
-if [ ! -f $GGUF ] && [ "$(cat $G/p? | sha256sum | cut -d' ' -f1)" = "$SHA" ]; then
+if [ ! -f $GGUF ] && ls $G/p? >/dev/null 2>&1 && [ "$(cat $G/p? | sha256sum | cut -d' ' -f1)" = "$SHA" ]; then
   cat $G/p? > $GGUF && rm $G/p?
 fi
 echo "gguf: $(ls $G)"
