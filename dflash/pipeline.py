@@ -8,6 +8,7 @@ where time goes.
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -145,16 +146,26 @@ def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], li
     return prompts, ids
 
 
+def _export_step(d: DrafterSchema) -> int | None:
+    """An HF folder a trainer exported as `<run>/step_<N>`: its step N (None for any other folder)."""
+    m = re.fullmatch(r"step_(\d+)", Path(d.path).name) if d.kind == "hf" and d.path else None
+    return int(m[1]) if m else None
+
+
 def _default_name(d: DrafterSchema) -> str:
     src = d.run_dir if d.kind == "training" else d.path if d.kind == "hf" else None
+    if src and _export_step(d) is not None:
+        src = str(Path(src).parent)  # <run>/step_<N>: named after the run
     return Path(src).name if src else d.kind
 
 
 def run_name(d: DrafterSchema, step: int | None = None) -> str:
     name = d.name or _default_name(d)
-    step = step if step is not None else (d.step if isinstance(d.step, int) else None)
+    step = step if step is not None else (d.step if isinstance(d.step, int) else _export_step(d))
     if d.kind == "init":
         return f"{name}@seed_{d.seed}"
+    if d.kind == "hf" and step is None:
+        return name  # a folder has no steps
     return f"{name}@step_{step}" if step is not None else f"{name}@latest"
 
 

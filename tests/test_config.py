@@ -276,3 +276,16 @@ def test_replay_anchors_auto_resolves_by_the_stride():
     strided = to_object(_compose("config", ["replay.tf_stride=4"])).replay
     assert strided.mode(cuda=False) == "visited" and strided.mode(cuda=True) == "all"
     assert ReplayConfig(anchors="visited").mode(cuda=True) == "visited" and ReplayConfig(anchors="all", tf_stride=4).mode(cuda=False) == "all"
+
+
+def test_run_names_by_drafter_kind():
+    """A run's name is `<drafter>@step_<N>`: an HF folder a trainer exported as `<run>/step_<N>` is named after
+    its run and step (so `dflash.compare run@step_N` finds it); any other folder by its name, with no step."""
+    from dflash.config.schema import DrafterSchema
+    from dflash.pipeline import run_name
+
+    assert run_name(DrafterSchema(kind="hf", path="/x/exports/fixed-dflash2/step_1090")) == "fixed-dflash2@step_1090"
+    assert run_name(DrafterSchema(kind="hf", path="/models/Qwen3-8B-DFlash-b16")) == "Qwen3-8B-DFlash-b16"
+    assert run_name(DrafterSchema(kind="hf", path="/x/fixed/step_7", name="mine")) == "mine@step_7"
+    assert run_name(DrafterSchema(kind="training", run_dir="/ckpts/run7"), 20000) == "run7@step_20000"
+    assert run_name(DrafterSchema(kind="training", run_dir="/ckpts/run7")) == "run7@latest"
