@@ -44,8 +44,8 @@ def steady(cfg: EvalConfig, taps: list[int]) -> tuple[dict[str, Any], pipeline.P
     shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
     stats = FeatureStats()
     deque(iter_features(prep.target, sequences(prep), [taps], cfg.cache_dir, stats=stats, **vars(cfg.features)), maxlen=0)
-    return dict(references=timings["references"], references_setup=timings.get("references_setup"), features=stats.seconds,
-                feature_tokens=stats.computed_tokens), prep
+    return dict(references=timings["references"], references_setup=timings.get("references_setup"), generated=prep.ref_stats.generated,
+                features=stats.seconds, feature_tokens=stats.computed_tokens), prep
 
 
 def floors_of(prep: pipeline.Prepared, taps: list[int], tokens: int) -> dict[str, Any]:
