@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # the copied tensor: large enough to leave every cache
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}  # the copied tensor: larger than any cache
 
 
 def sync(device: torch.device | str) -> None:
