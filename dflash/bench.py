@@ -257,7 +257,8 @@ def vl_scale(cfg: config_mod.EvalConfig, a: argparse.Namespace) -> str:
     devices = (a.scale_devices or ("cuda" if torch.cuda.is_available() else "cpu")).split(",")
     sizes = {d: tuple(int(x) for x in (a.scale_gpu if d.startswith("cuda") else a.scale_cpu).split("x")) for d in devices}
     extra = [o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention"))]
-    return bench_scale.report(a.scale, str(Path(cfg.cache_dir).resolve()), tok, devices, sizes, a.scale_engine, extra, a.scale_drafter)
+    return bench_scale.report(a.scale, str(Path(cfg.cache_dir).resolve()), tok, devices, sizes, a.scale_engine, extra, a.scale_drafter,
+                              a.scale_profile)
 
 
 def main() -> None:
@@ -274,6 +275,8 @@ def main() -> None:
     ap.add_argument("--scale-tokenizer", default=None, help="VL shapes: a tokenizer folder (default: the configured target's)")
     ap.add_argument("--scale-drafter", default="dflash", choices=sorted(bench_scale.DRAFTERS),
                     help="VL shapes: the 5-layer drafter=init evaluated (dflash2: SpecForge's 27B example, block 8, window 2048)")
+    ap.add_argument("--scale-profile", action="store_true",
+                    help="VL shapes: also the top ops (torch.profiler) of a steady feature pass and of a few decode steps")
     ap.add_argument("--scale-eval", help=argparse.SUPPRESS)
     ap.add_argument("--scale-prompts", type=int, default=None, help="the first N prompts' tokens in the scale section (default: all)")
     ap.add_argument("--scale-child", nargs=3, help=argparse.SUPPRESS)

@@ -1,7 +1,7 @@
 """The bench at the users' shape: a random Qwen3.6-27B-shaped VL checkpoint, evaluated stage by stage.
 
     python -m dflash.bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu 12x256]
-        [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR] [--scale-drafter dflash2]
+        [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR] [--scale-drafter dflash2] [--scale-profile]
 
 `build_vl(shape, folder, tokenizer)` writes a `Qwen3_5ForConditionalGeneration` of random weights
 (the real config's text decoder: 64 layers, 3 Gated DeltaNet layers to 1 full-attention layer,
@@ -19,6 +19,11 @@ then the replay again in each mode (`replay.anchors`, `replay.tf_stride`), the d
 HF folder and loaded back from it (what a checkpoint evaluation pays)
 and, with `--scale-engine` on CUDA, the references engine with and without inductor
 (`speed.bench_generation`): its set-up and time per step, whose ratio is the compile's break-even.
+First use and steady state apart: `steady` runs the references and features stages again in the same
+process (kernels compiled and autotuned by the first run; a new engine, every reference regenerated, the
+features' caches emptied), and each is held against its floor measured on the same device
+(dflash/bench_floors.py: the forward's arithmetic at the GEMM rate, one read of the weights at the copy
+rate); `--scale-profile` adds the top ops of a steady feature pass and of a few decode steps.
 `report` prints the stage table, the ratios of issue 21 and the field's protocol projected from
 the per-token costs measured here (DFLASH.md §7: 2048 new tokens, 128 prompts per data set).
 """
@@ -40,6 +45,7 @@ from typing import Any
 import torch
 
 from dflash import pipeline
+from dflash.bench_steady import against_floors, floors_of, profiles, reference_steps, steady, steady_rows
 from dflash.config import schema as config_mod
 from dflash.util.files import atomic_dir, remove_stale
 from dflash.util.progress import log
@@ -181,6 +187,13 @@ def scale_eval(spec: dict[str, Any]) -> None:
     for anchors, stride in (("all", 1), ("visited", 1), ("visited", 4)):  # at τ 1 the visited pair gives the per-anchor costs
         again = pipeline.run(replace(cfg, replay=replace(cfg.replay, anchors=anchors, tf_stride=stride)))
         out["replay_modes"][f"replay.anchors={anchors} replay.tf_stride={stride}"] = again.timings["replay"]
+    taps = res.info.target_layer_ids
+    out["steady"], prep = steady(cfg, taps)
+    out["reference_steps"] = reference_steps(prep, cfg.references.batch_size, m)
+    out["floors"] = floors_of(prep, taps, out["steady"]["feature_tokens"])
+    if spec.get("profile"):
+        out["profiles"] = profiles(cfg, prep, taps)
+    del prep
     info = inspect_target("vlm_text", spec["folder"], spec["cache_dir"])
     with tempfile.TemporaryDirectory(prefix="dflash-scale-drafter-") as tmp:
         out.update(drafter_from_file(cfg, info, Path(tmp) / "drafter"))
@@ -243,14 +256,17 @@ def format_device(r: dict[str, Any]) -> list[str]:
     rows = [("prepare (drafter read, target inspected, prompts)", t.get("prepare"), ""),
             ("load target", t.get("load_target"), ""),
             (f"load drafter (drafter=init: random init of {r['drafter_params'] / 1e9:.2f}B parameters)", t.get("load_drafter"), ""),
-            ("references", t.get("references"), f"{1 / pt['references']:.1f} new tok/s after set-up"),
+            ("references, first use in the process", t.get("references"), f"{1 / pt['references']:.1f} new tok/s after set-up"),
             ("  of which engine set-up", t.get("references_setup"), ""),
-            ("features", t.get("features"), f"{toks / t['features']:.1f} tok/s"),
+            *steady_rows(r, "references"),
+            ("features, first use in the process", t.get("features"), f"{toks / t['features']:.1f} tok/s"),
+            *steady_rows(r, "features"),
             ("replay", t.get("replay"), f"{r['new_tokens'] / t['replay']:.1f} tok/s"),
             ("drafter=init built again (its own cost)", r["drafter_init_s"], ""),
             ("drafter loaded from a saved HF folder (a checkpoint's load)", r["drafter_hf_s"], ""),
             ("the whole pipeline.run", r["wall"], "")]
     lines += [f"  {name:<62} {'-' if v is None else f'{v:8.2f} s'}  {extra}" for name, v, extra in rows]
+    lines += against_floors(r)
     lines.append(f"  peak RSS {r['peak_rss'] / 1e9:.1f} GB; τ {r['tau']:.3f} (random drafter)")
     ratio = pt["replay"] / pt["features"]
     lines.append(f"  replay per token / feature pass per token: {pt['replay'] * 1e3:.2f} / {pt['features'] * 1e3:.2f} ms = {ratio:.2f}x "
@@ -284,7 +300,7 @@ def format_device(r: dict[str, Any]) -> list[str]:
 
 
 def report(shape: str, cache_dir: str, tokenizer: Any, devices: list[str], sizes: dict[str, tuple[int, int]], engine: bool,
-           overrides: list[str], drafter: str = "dflash") -> str:
+           overrides: list[str], drafter: str = "dflash", profile: bool = False) -> str:
     folder = build_vl(shape, Path(cache_dir, "bench", shape), tokenizer)  # freed before any child starts
     overrides = [*DRAFTERS[drafter], *overrides]
     results = []
@@ -292,7 +308,7 @@ def report(shape: str, cache_dir: str, tokenizer: Any, devices: list[str], sizes
         for dev in devices:
             n, m = sizes[dev]
             results.append(_child(dict(folder=str(folder), device=dev, prompts=n, max_new_tokens=m, cache_dir=cache, engine=engine,
-                                       overrides=overrides)))
+                                       overrides=overrides, profile=profile)))
             shutil.rmtree(Path(cache, "features"), ignore_errors=True)
     lines = [f"scale: random {shape} VL checkpoint at {folder} ({sum(p.stat().st_size for p in folder.glob('*.safetensors')) / 1e9:.1f} GB)"]
     for r in results:

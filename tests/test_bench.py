@@ -32,16 +32,35 @@ def test_bench_prints_every_section(tmp_path, qwen3_dir):
                                                        "causal layers []")])
 def test_bench_scale_vl_prints_every_stage(tmp_path, drafter, kind):
     """The 27B path on a tiny VL shape (SmolLM2's tokenizer, as at 27B): folder built and saved by shards, a child per device, the
-    table; `--scale-drafter dflash2`: the 5-layer DFlash2 drafter of SpecForge's 27B example (saved and read back as a folder too)."""
+    table; `--scale-drafter dflash2`: the 5-layer DFlash2 drafter of SpecForge's 27B example (saved and read back as a folder too).
+    Issue 29.4: references and features at first use and steady (run again in the child: every reference regenerated, every
+    feature computed), each steady stage over its floor measured on the device, and `--scale-profile`'s tables."""
+    import json
+
+    from dflash.bench_steady import per_step
+
     env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "dflash.bench", "--skip", "sweep,online,generation", "--scale", "tiny_vl", "--scale-devices", "cpu",
-           "--scale-cpu", "2x4", "--scale-drafter", drafter, "target.mask_token_id=100", "target.default_taps=null", "tracking.enabled=false"]
+           "--scale-cpu", "2x4", "--scale-drafter", drafter, "--scale-profile", "target.mask_token_id=100", "target.default_taps=null",
+           "tracking.enabled=false"]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for line in ["load target", "references", "features", "replay", "loaded from a saved HF folder", "peak RSS",
                  "replay per token / feature pass per token", "projected", "linear attention: torch fallback",
-                 "replay again, replay.anchors=visited replay.tf_stride=4", f"drafter: drafter=init, 5 layers, {kind}"]:
+                 "replay again, replay.anchors=visited replay.tf_stride=4", f"drafter: drafter=init, 5 layers, {kind}",
+                 "references, first use in the process", "references, steady (again: a new engine, kernels warm)",
+                 "features, first use in the process", "features, steady (caches emptied, kernels warm)", "floors on cpu: bf16 GEMM",
+                 "profile, feature pass, steady (top ops by self CPU time):", "profile, 8 decode steps (eager) at batch 2", "aten::mm"]:
         assert line in r.stdout, (line, r.stdout)
+    (res,) = json.loads(r.stdout.split("raw: ", 1)[1].splitlines()[0])
+    s, f = res["steady"], res["floors"]
+    assert s["generated"] == res["prompts"] and s["feature_tokens"] == res["prompt_tokens"] + res["new_tokens"]  # recomputed, not cached
+    assert min(f["gemm_tflops"], f["copy_gbps"], f["arithmetic_s"], f["weight_read_s"], f["forward_flops"], f["weight_bytes"]) > 0
+    step = per_step(s["references"], s["references_setup"], res["reference_steps"])
+    assert f"features steady / arithmetic floor = {s['features']:.3f} / {f['arithmetic_s']:.3f} s = {s['features'] / f['arithmetic_s']:.1f}x" \
+        in r.stdout
+    assert f"references per step / weight-read floor = {step * 1e3:.2f} / {f['weight_read_s'] * 1e3:.2f} ms = " \
+           f"{step / f['weight_read_s']:.1f}x" in r.stdout
 
 
 def test_bench_bad_override_exits_2_naming_the_key(tmp_path):
