@@ -6,7 +6,8 @@
 #                        fla-core + flash-linear-attention), for Python 3.12 x86-64
 # .gpu/p0..p3            the SmolLM2 GGUF, xz-compressed and split in 4 (one per call: the tree plus a part < 64 MiB)
 # .gguf/p1..p2           the same GGUF split raw in 2, for scripts/gpu.sh
-# .gpu/prompts.jsonl.xz  the training prompts (python -m dflash.train.train_prompts OUT 90000 0)
+# .gpu/q0..q1           the training prompts (python -m dflash.train.train_prompts OUT 90000 0), xz-compressed and
+#                        split in 2 (a part rides beside a GGUF part)
 # .gpu/tok, tok.tar.xz   SmolLM2's tokenizer as an HF folder (the 27B-shape bench's --scale-tokenizer)
 # Then: scripts/gpu_train.sh (training), scripts/gpu.sh (any command), scripts/gpu_tests.sh (the CUDA tests).
 set -euo pipefail
@@ -30,6 +31,7 @@ fi
 if [ ! -f .gpu/prompts.jsonl.xz ]; then
   $PY -m dflash.train.train_prompts .gpu/prompts.jsonl 90000 0 && xz -6 -T2 .gpu/prompts.jsonl
 fi
+[ -f .gpu/q1 ] || split -n 2 -d -a 1 .gpu/prompts.jsonl.xz .gpu/q
 if [ ! -f .gpu/tok.tar.xz ]; then
   $PY - "$GGUF" <<'PYEOF'
 import sys

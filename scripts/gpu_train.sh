@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
 # The shipped drafter set's training on the lent GPU (device tool; docs/training.md), in calls of one lease.
-# Each call sends /work/main's tracked tree (~39 MiB) plus what it carries (64 MiB in all), so, here, once:
-#   /work/main/.gpu/whl        hydra-core, omegaconf, gguf wheels and antlr4-python3-runtime 4.9.3 (`pip wheel`)
-#   /work/main/.gpu/p0..p3     the SmolLM2 GGUF, xz-compressed and split in 4 (`xz -6 -c GGUF | split -n 4 -d -a 1 - p`)
-#   /work/main/.gpu/prompts.jsonl.xz   python -m dflash.train.train_prompts OUT 90000 0 (then xz)
-#   /work/main/.gpu/tok.tar.xz SmolLM2's tokenizer files (the 27B-shape bench's --scale-tokenizer)
-# and runs, each call within 30 s of the last (the machine goes back after 30 s idle):
-#   1 `bash scripts/gpu_train.sh stage`  carry [.gpu/whl, .gpu/p0]  (every call copies the tree's code to the machine)
-#   2 `... stage` carry [.gpu/p1, .gpu/prompts.jsonl.xz]      3 `... stage` carry [.gpu/p2, .gpu/tok.tar.xz]
-#   4 `bash scripts/gpu_train.sh train` carry [.gpu/p3]: joins and checks the GGUF, regenerates the data
-#     (data.max_gen_minutes), trains every variant in lockstep until MAX_MIN, packs the last export of each
-#     variant (scripts/pack_out.py: archives of <= 15 MiB) and the metrics and training log (metrics.tgz) into $OUT
+# Each call sends /work/main's tree (~41 MB) plus what it carries (64 MiB in all). Build what they carry, here,
+# once per checkout: `bash scripts/gpu_prep.sh` (.gpu/whl the wheels, .gpu/p0..p3 the SmolLM2 GGUF in xz parts,
+# .gpu/q0..q1 the training prompts in two parts, .gpu/tok.tar.xz SmolLM2's tokenizer). Then, each call within
+# 30 s of the last (the machine goes back after 30 s idle), every call copying the tree's code to the machine:
+#   1 `bash scripts/gpu_train.sh stage`  carry [.gpu/whl, .gpu/p0]     2 `... stage` carry [.gpu/p1, .gpu/tok.tar.xz]
+#   3 `... stage` carry [.gpu/p2, .gpu/q0]
+#   4 `VARIANTS=... STEPS=... GEN_MIN=... MAX_MIN=... bash scripts/gpu_train.sh train` carry [.gpu/p3, .gpu/q1]: joins and
+#     checks the GGUF and the prompts, regenerates the data (data.max_gen_minutes), trains every variant in lockstep
+#     until MAX_MIN, packs the last export of each variant (scripts/pack_out.py: archives of <= 15 MiB, a larger
+#     export in parts) and the metrics and training log (metrics.tgz) into $OUT
 #   5 `GEN_MIN=0.01 ... train` (no carry, same machine): resumes from the checkpoints on the machine's disk (the
-#     trainer resumes by itself), data from its cache; BENCH=1 then runs python -m dflash.bench on the GPU with
-#     the newest fixed export
-# The 2026-12-06 run (scripts/results/train_h100_2026-12-06.log): call 4 with VARIANTS="[fixed,noisy_labels,
-# final_layer,loss_dilution,fixed-dflash2,fixed-l2]" STEPS=1800 GEN_MIN=2.5 MAX_MIN=8.8 EXPORTS="[600,1200]"
-# EXTRA="fixed/step_(600|1200)$", call 5 with the same and GEN_MIN=0.01 MAX_MIN=3.3 BENCH=1.
+#     trainer resumes by itself), data from its cache
+# Here: `cat packN.tgz.* | tar xz` joins an export that came back in parts.
+# Rounds (their logs in scripts/results/): train_h100_2026-12-06.log (one layer, the bugs, the DFlash2 twin, a
+# two-layer probe); train_h100_2026-12-06b.log: call 4 with VARIANTS="[fixed,fixed-l4,fixed-l4-dflash2]" STEPS=4400
+# GEN_MIN=3 MAX_MIN=8.7 EXPORTS="[1000,2000,3000]", call 5 with the same and GEN_MIN=0.01 MAX_MIN=6.6.
 # Env: MAX_MIN (minutes from the process start), STEPS (schedule length), VARIANTS, GEN_MIN, EXPORTS, EXTRA (a
 # regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"); after training, BENCH=1 (the
 # bench on the newest fixed export), CURVE=1 (tau by step of CURVE_VARIANTS' exports, default fixed), EVAL2=1 (the
-# DFlash2 twin's newest export as `drafter=hf`); their logs and outputs come back in logs.tgz.
+# newest export of EVAL2_VARIANT, default fixed-dflash2, as `drafter=hf`); their logs and outputs come back in logs.tgz.
 set -euo pipefail
 R=/root/w; GGUF=$R/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 DFLASH_CACHE_DIR=$R/cache
@@ -29,8 +28,10 @@ stage() {
   if [ -d .gpu/whl ] && [ ! -d /tmp/site ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl
   fi
-  for f in .gpu/p?; do [ -f "$f" ] && cp "$f" $R/; done
-  if [ -f .gpu/prompts.jsonl.xz ]; then python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .gpu/prompts.jsonl.xz $R/prompts.jsonl; fi
+  for f in .gpu/p? .gpu/q?; do [ -f "$f" ] && cp "$f" $R/; done
+  if [ ! -f $R/prompts.jsonl ] && [ -f $R/q0 ] && [ -f $R/q1 ]; then
+    cat $R/q0 $R/q1 | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $R/prompts.jsonl && rm $R/q?
+  fi
   if [ -d dflash ]; then rm -rf $R/code && mkdir $R/code && cp -r dflash conf scripts evaluate.py pyproject.toml $R/code/; fi  # the tree's code
   if [ -f .gpu/tok.tar.xz ]; then mkdir -p $R/tok && tar xJf .gpu/tok.tar.xz -C $R/tok; fi
   if [ ! -f $GGUF ] && [ -f $R/p0 ] && [ -f $R/p1 ] && [ -f $R/p2 ] && [ -f $R/p3 ]; then
@@ -72,7 +73,7 @@ train)
     done
   fi
   if [ "${EVAL2:-0}" = 1 ]; then  # issue 27: a DFlash2 folder evaluated as a user would, on the GPU
-    cd $R/code; d2=$(ls -d $R/ckpt/fixed-dflash2/step_* | sort -V | tail -1)
+    cd $R/code; d2=$(ls -d $R/ckpt/${EVAL2_VARIANT:-fixed-dflash2}/step_* | sort -V | tail -1)
     python3 evaluate.py target.path=$GGUF drafter=hf drafter.path=$d2 device=cuda tracking.enabled=false cache_dir=$R/cache \
       hydra.run.dir=$R/evals/dflash2 > $R/logs/eval_dflash2_cuda.log 2>&1 || echo "EVAL2 FAILED: $?"
     grep -v "it/s\]$" $R/logs/eval_dflash2_cuda.log | tail -40 || true

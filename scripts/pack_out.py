@@ -4,7 +4,8 @@
 
 Each PATH (relative to ROOT) goes whole into one archive; archives are filled first-fit in the order
 given, each under --max-mb (the tool brings back files of at most 16 MiB, 8 files, 64 MiB in all).
-A path larger than the limit alone is named and left out, never split.
+A path larger than the limit alone (a 4-layer drafter's export) gets an archive of its own, split in
+parts under the limit: `<prefix>N.tgz.0`, `.1`, ...; here, `cat <prefix>N.tgz.* | tar xz` joins them.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ def main() -> None:
     a = ap.parse_args()
     root = Path(a.root)
     bins: list[tuple[float, list[str]]] = []
+    big: list[str] = []
     for rel in a.paths:
         mb = size_mb(root / rel)
         if mb > a.max_mb:
-            print(f"NOT PACKED (over {a.max_mb} MiB): {rel}")
+            big.append(rel)
             continue
         for i, (used, items) in enumerate(bins):
             if used + mb <= a.max_mb:
@@ -45,6 +47,15 @@ def main() -> None:
             for rel in items:
                 tar.add(root / rel, arcname=rel)
         print(f"{name.name}: {used:.1f} MiB: {' '.join(items)}")
+    for j, rel in enumerate(big, start=len(bins)):
+        name = Path(a.out) / f"{a.prefix}{j}.tgz"
+        with tarfile.open(name, "w:gz", compresslevel=1) as tar:
+            tar.add(root / rel, arcname=rel)
+        data, step = name.read_bytes(), int(a.max_mb * 2**20)
+        name.unlink()
+        for k in range(0, len(data), step):
+            Path(f"{name}.{k // step}").write_bytes(data[k:k + step])
+        print(f"{name.name}.0..{(len(data) - 1) // step}: {len(data) / 2**20:.1f} MiB in parts: {rel}")
 
 
 if __name__ == "__main__":
