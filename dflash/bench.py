@@ -1,6 +1,6 @@
 """Benchmark: every cost ratio of the evaluator, measured in one run. Prints figures only.
 
-    python -m dflash.bench [--sweep 2] [--online 12] [--skip generation,scale] [--scale qwen3_8b] [--scale-prompts N] [overrides...]
+    python -m dflash.bench [--sweep 2] [--online 12] [--online-eager] [--skip generation,scale] [--scale qwen3_8b] [--scale-prompts N] [overrides...]
 
 Sections (each a ratio of two times or sizes measured here, in this run):
 1. `sweep`: one evaluation as a new process runs it (target loaded from its converted copy,
@@ -133,13 +133,13 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str
     return "\n".join(lines), r1, warm
 
 
-def online(cfg: config_mod.EvalConfig, res: EvalResult, warm: float, n: int) -> str:
+def online(cfg: config_mod.EvalConfig, res: EvalResult, warm: float, n: int, eager: bool = False) -> str:
     fresh_process()
     t = cfg.target
     target, drafter = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
     prompts = [r.prompt_ids for r in res.prompts[:n]]
-    cuda = target.device.type == "cuda"
-    o = bench_online(target, drafter.model, prompts, cfg.prompts.max_new_tokens, compile=cuda, hf_static=cuda, backend=cfg.attention.drafter)
+    compiled = target.device.type == "cuda" and not eager  # eager: CUDA graphs alone, no inductor compile, no static-generate baseline
+    o = bench_online(target, drafter.model, prompts, cfg.prompts.max_new_tokens, compile=compiled, hf_static=compiled, backend=cfg.attention.drafter)
     spec = o.rate("dflash")
     share = len(prompts) / len(res.prompts)  # the offline run covered every prompt
     return format_online(o) + (
@@ -265,6 +265,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=int, default=2, help="checkpoints in the sweep section")
     ap.add_argument("--online", type=int, default=12, help="prompts for the online loop")
+    ap.add_argument("--online-eager", action="store_true",
+                    help="CUDA: the online section without inductor (CUDA graphs alone) and without transformers' static compiled "
+                         "generate: no compile (minutes), for a short GPU call")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, replay, online, generation, scale")
     ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES) + sorted(bench_scale.SHAPES),
                     help="the random target shape of the scale section")
@@ -307,7 +310,7 @@ def main() -> None:
             report.append(text)
             print(text, flush=True)
         for name, fn in (("replay", lambda: replay_modes(cfg)),
-                         ("online", lambda: online(cfg, res, warm, a.online)),
+                         ("online", lambda: online(cfg, res, warm, a.online, a.online_eager)),
                          ("generation", lambda: generation(cfg, res)),
                          ("scale", lambda: vl_scale(cfg, a) if vl else scale(cfg, res, a.scale, a.scale_prompts))):
             if name in skip:

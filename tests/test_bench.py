@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_bench_prints_every_section(tmp_path, qwen3_dir):
     env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "dflash.bench", "--online", "2", "--skip", "scale", "target=local", f"target.path={qwen3_dir}", "drafter=init",
+    cmd = [sys.executable, "-m", "dflash.bench", "--online", "2", "--online-eager", "--skip", "scale", "target=local", f"target.path={qwen3_dir}",
+           "drafter=init",
            "target.mask_token_id=3", "target.template.use_chat_template=false", "prompts.num_prompts=3", "prompts.max_new_tokens=12",
            "tracking.enabled=false"]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
