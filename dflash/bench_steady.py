@@ -40,12 +40,29 @@ def steady(cfg: EvalConfig, taps: list[int]) -> tuple[dict[str, Any], pipeline.P
     disk cache emptied (as the first run found them). -> their timings, and what they prepared."""
     timings: dict[str, float] = {}
     prep = pipeline.prepare_run(pipeline.plan(replace(cfg, references=replace(cfg.references, refresh=True))), timings)
+    stats, other = _features_again(cfg, prep, taps, cfg.features.batch_tokens), _other_batching(cfg.features.batch_tokens)
+    alt = _features_again(cfg, prep, taps, other)
+    return dict(references=timings["references"], references_setup=timings.get("references_setup"), generated=prep.ref_stats.generated,
+                features=stats.seconds, feature_tokens=stats.computed_tokens, batch_tokens=cfg.features.batch_tokens,
+                features_other=alt.seconds, batch_tokens_other=other), prep
+
+
+def _other_batching(batch_tokens: int | None) -> int | None:
+    """The feature pass's other batching, timed beside the configured one: batched if it runs one sequence per pass, else not."""
+    return BATCH_TOKENS if batch_tokens is None else None
+
+
+BATCH_TOKENS = 16384  # padded tokens per target pass when the steady features are timed batched
+
+
+def _features_again(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], batch_tokens: int | None) -> FeatureStats:
+    """The features stage again with its memory memo and disk cache emptied (as the first run found them)."""
     PROCESS.memo("features").clear()
     shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
     stats = FeatureStats()
-    deque(iter_features(prep.target, sequences(prep), [taps], cfg.cache_dir, stats=stats, **vars(cfg.features)), maxlen=0)
-    return dict(references=timings["references"], references_setup=timings.get("references_setup"), generated=prep.ref_stats.generated,
-                features=stats.seconds, feature_tokens=stats.computed_tokens), prep
+    kw = {**vars(cfg.features), "batch_tokens": batch_tokens}
+    deque(iter_features(prep.target, sequences(prep), [taps], cfg.cache_dir, stats=stats, **kw), maxlen=0)
+    return stats
 
 
 def floors_of(prep: pipeline.Prepared, taps: list[int], tokens: int) -> dict[str, Any]:
@@ -87,8 +104,13 @@ def decode_loop(target: Any, prompts: list[list[int]], steps: int) -> Callable[[
 def profiles(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], steps: int = 8) -> dict[str, str]:
     """`--scale-profile`: the top ops of a steady feature pass (nothing cached or kept) and of `steps` decode steps."""
     t, fc = prep.target, cfg.features
-    out = {"feature pass": top_ops(lambda: deque(iter_features(t, sequences(prep), [taps], cfg.cache_dir, cache=False,
-                                                                chunk_tokens=fc.chunk_tokens), maxlen=0), t.device)}
+    def feature_pass(bt: int | None) -> Callable[[], Any]:
+        return lambda: deque(iter_features(t, sequences(prep), [taps], cfg.cache_dir, cache=False, chunk_tokens=fc.chunk_tokens,
+                                           batch_tokens=bt), maxlen=0)
+
+    other = _other_batching(fc.batch_tokens)
+    out = {"feature pass": top_ops(feature_pass(fc.batch_tokens), t.device),
+           f"feature pass with features.batch_tokens={other}": top_ops(feature_pass(other), t.device)}
     loop = decode_loop(t, prep.ids[: cfg.references.batch_size], steps)
     if loop is not None:
         out[f"{steps} decode steps (eager) at batch {min(cfg.references.batch_size, len(prep.ids))}"] = top_ops(loop, t.device)
@@ -106,7 +128,14 @@ def steady_rows(r: dict[str, Any], stage: str) -> list[tuple[str, float | None, 
     if s is None:
         return []
     if stage == "features":
-        return [("features, steady (caches emptied, kernels warm)", s["features"], f"{s['feature_tokens'] / s['features']:.1f} tok/s")]
+        def how(bt: int | None) -> str:
+            return "one sequence per pass" if bt is None else f"batched, features.batch_tokens={bt}"
+        rows = [(f"features, steady (caches emptied, kernels warm; {how(s.get('batch_tokens'))})", s["features"],
+                 f"{s['feature_tokens'] / s['features']:.1f} tok/s")]
+        if s.get("features_other") is not None:
+            rows.append((f"features, steady, {how(s['batch_tokens_other'])}", s["features_other"],
+                         f"{s['feature_tokens'] / s['features_other']:.1f} tok/s = {s['features_other'] / s['features']:.2f}x the row above"))
+        return rows
     first = per_step(t["references"], t.get("references_setup"), n)
     return [("references, steady (again: a new engine, kernels warm)", s["references"],
              f"{per_step(s['references'], s['references_setup'], n) * 1e3:.2f} ms per step after set-up ({first * 1e3:.2f} ms at first "

@@ -50,12 +50,15 @@ def test_bench_scale_vl_prints_every_stage(tmp_path, drafter, kind):
                  "replay per token / feature pass per token", "projected", "linear attention: torch fallback",
                  "replay again, replay.anchors=visited replay.tf_stride=4", f"drafter: drafter=init, 5 layers, {kind}",
                  "references, first use in the process", "references, steady (again: a new engine, kernels warm)",
-                 "features, first use in the process", "features, steady (caches emptied, kernels warm)", "floors on cpu: bf16 GEMM",
-                 "profile, feature pass, steady (top ops by self CPU time):", "profile, 8 decode steps (eager) at batch 2", "aten::mm"]:
+                 "features, first use in the process", "features, steady (caches emptied, kernels warm; one sequence per pass)",
+                 "features, steady, batched, features.batch_tokens=16384", "floors on cpu: bf16 GEMM",
+                 "profile, feature pass, steady (top ops by self CPU time):", "profile, feature pass with features.batch_tokens=16384, steady",
+                 "profile, 8 decode steps (eager) at batch 2", "aten::mm"]:
         assert line in r.stdout, (line, r.stdout)
     (res,) = json.loads(r.stdout.split("raw: ", 1)[1].splitlines()[0])
     s, f = res["steady"], res["floors"]
     assert s["generated"] == res["prompts"] and s["feature_tokens"] == res["prompt_tokens"] + res["new_tokens"]  # recomputed, not cached
+    assert s["batch_tokens"] is None and s["batch_tokens_other"] == 16384 and s["features_other"] > 0  # both batchings timed
     assert min(f["gemm_tflops"], f["copy_gbps"], f["arithmetic_s"], f["weight_read_s"], f["forward_flops"], f["weight_bytes"]) > 0
     step = per_step(s["references"], s["references_setup"], res["reference_steps"])
     assert f"features steady / arithmetic floor = {s['features']:.3f} / {f['arithmetic_s']:.3f} s = {s['features'] / f['arithmetic_s']:.1f}x" \

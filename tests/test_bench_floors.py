@@ -73,7 +73,10 @@ def test_steady_rows_and_ratios_come_from_the_measured_values():
     assert per_step(12.0, 2.0, 100) == pytest.approx(0.1)
     (name, sec, extra), setup = steady_rows(r, "references")
     assert sec == 6.0 and setup[1] == 1.0 and "50.00 ms per step after set-up (100.00 ms at first use; 100 steps" in extra
-    assert steady_rows(r, "features") == [("features, steady (caches emptied, kernels warm)", 2.0, "500.0 tok/s")]
+    assert steady_rows(r, "features") == [("features, steady (caches emptied, kernels warm; one sequence per pass)", 2.0, "500.0 tok/s")]
+    r2 = {**r, "steady": {**r["steady"], "batch_tokens": None, "features_other": 0.5, "batch_tokens_other": 16384}}
+    assert steady_rows(r2, "features")[1] == ("features, steady, batched, features.batch_tokens=16384", 0.5,
+                                               "2000.0 tok/s = 0.25x the row above")
     text = "\n".join(against_floors(r))
     assert "features steady / arithmetic floor = 2.000 / 0.200 s = 10.0x" in text
     assert "references per step / weight-read floor = 50.00 / 2.00 ms = 25.0x" in text

@@ -8,6 +8,7 @@ not repeated here: these tests are about the device giving the CPU's numbers.
   with non-causal sliding layers (window < context), in every mode (`anchors` all / visited, `tf_stride`
   1 / 4, with scores): every counter, block and proposal equal to the CPU's; NLL / confidence within 1e-4.
 - flex attention (CUDA) against the CPU sdpa result on the sliding non-causal DFlash2 drafter, both modes.
+- The feature pass batched (`features.batch_tokens`) on the device against the CPU's one sequence per pass.
 - Local references: `greedy_generate` (on CUDA the static-cache engine with CUDA graphs) equals the CPU's
   dynamic-cache greedy decode, prompt by prompt.
 - The trainer (`dflash.train.train`, two steps, DFlash and its DFlash2 twin in lockstep) under bf16 autocast
@@ -191,6 +192,25 @@ def test_flex_equals_cpu_sdpa_on_sliding_non_causal_dflash2(targets, cases, on_c
     want = on_cpu("dflash2_sliding", anchors, stride)
     assert exact(got) == exact(want)
     assert scores(got) == pytest.approx(scores(want), rel=1e-4, abs=1e-4)
+
+
+# --- the feature pass, batched ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_features_on_the_device_equal_cpu_one_per_pass(targets, device):
+    """`features.batch_tokens`: consecutive sequences of other lengths right-padded into one target pass on the device
+    give the CPU's one-sequence-per-pass states, each at its own length (the 27B bench times the two on a GPU)."""
+    import random
+
+    rng = random.Random(5)
+    seqs = [[rng.randrange(3, 250) for _ in range(n)] for n in (29, 7, 40, 18)]
+    want, _ = get_features(targets("cpu"), seqs, [[0, 2]], cache=False)
+    got, _ = get_features(targets(device), seqs, [[0, 2]], cache=False, batch_tokens=4096)
+    sync(device)
+    for a, b, seq in zip(want, got, seqs):
+        assert b.states.shape[0] == len(seq)
+        torch.testing.assert_close(b.states.float().cpu(), a.states, atol=1e-4, rtol=1e-4)
 
 
 # --- local references -----------------------------------------------------------------------------------

@@ -208,18 +208,21 @@ def test_non_finite_states_name_the_prompt_and_layer(qwen3_target, tmp_path, mon
 
     def poisoned(target, ids, layers, **kw):
         out = real(target, ids, layers, **kw)
-        if ids[0, 0] == seqs[1][0]:
-            out[0, 7, target.hidden_size + 3] = float("inf")  # second layer requested, position 7
+        for r in range(ids.shape[0]):
+            if ids[r, 0] == seqs[1][0]:
+                out[r, 7, target.hidden_size + 3] = float("inf")  # second layer requested, position 7
         return out
 
     seqs = _seqs(3)
     monkeypatch.setattr(F, "tapped_forward", poisoned)
-    with pytest.raises(TargetError, match=r"sequence 1 .*layer 4, first at position 7 of 20.*bfloat16 or float32"):
-        get_features(qwen3_target, seqs, [[0, 4]], tmp_path)
+    for batch in (None, 60):  # one sequence per pass; all three in one pass
+        with pytest.raises(TargetError, match=r"sequence 1 .*layer 4, first at position 7 of 20.*bfloat16 or float32"):
+            get_features(qwen3_target, seqs, [[0, 4]], tmp_path, batch_tokens=batch)
 
 
 def test_bad_feature_settings_are_config_errors(qwen3_target, tmp_path):
-    for kw, name in ((dict(chunk_tokens=0), "chunk_tokens"), (dict(max_cache_gb=-1), "max_cache_gb"), (dict(memory_gb="x"), "memory_gb")):
+    for kw, name in ((dict(chunk_tokens=0), "chunk_tokens"), (dict(max_cache_gb=-1), "max_cache_gb"), (dict(memory_gb="x"), "memory_gb"),
+                     (dict(batch_tokens=0), "batch_tokens")):
         with pytest.raises(ConfigError, match=f"features.{name}"):
             get_features(qwen3_target, _seqs(1), [[1]], tmp_path, **kw)
 
@@ -247,3 +250,38 @@ def test_the_in_process_cache_is_bounded(qwen3_target, tmp_path):
     assert (s.memory_hits, s.disk_hits, s.computed) == (2, 0, 0)
     _, s = get_features(qwen3_target, seqs[:1], [[1]], tmp_path, memory_gb=2.5 * one / 1e9)
     assert (s.memory_hits, s.disk_hits, s.computed) == (0, 1, 0)  # the oldest had gone: from disk
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_target", "vl_target"])
+def test_batched_feature_passes_equal_one_sequence_per_pass(fixture, request, tmp_path):
+    """Consecutive sequences of other lengths in one right-padded pass (chunked or not, on the hybrid decoder too): the
+    same states as a pass each, every sequence yielded in order at its own length."""
+    t = request.getfixturevalue(fixture)
+    seqs = [row.tolist()[:n] for row, n in zip(_ids(5, 40, seed=6), (40, 13, 27, 40, 5))]
+    layers = [[0, t.num_layers - 1]]
+    one, s1 = get_features(t, seqs, layers, tmp_path / "one", cache=False)
+    for batch, chunk in ((10_000, None), (10_000, 16), (80, 1024)):
+        PROCESS.clear()
+        got, s = get_features(t, seqs, layers, tmp_path / f"b{batch}_{chunk}", cache=False, batch_tokens=batch, chunk_tokens=chunk)
+        assert s.computed == s1.computed == len(seqs) and s.computed_tokens == sum(map(len, seqs))
+        for a, b, seq in zip(one, got, seqs):
+            assert b.states.shape[0] == len(seq) and b.key == a.key
+            torch.testing.assert_close(b.states, a.states, atol=2e-5, rtol=1e-5, msg=f"batch_tokens {batch}, chunk {chunk}")
+
+
+def test_batches_hold_consecutive_sequences_within_their_padded_size(qwen3_target, tmp_path, monkeypatch):
+    """batch_tokens bounds count x longest; a sequence already held, or given twice, is not recomputed; the caller still
+    gets one sequence at a time."""
+    calls = []
+    real = F.tapped_forward
+    monkeypatch.setattr(F, "tapped_forward", lambda t, ids, *a, **k: calls.append(tuple(ids.shape)) or real(t, ids, *a, **k))
+    seqs = _seqs(5)  # 20 tokens each
+    get_features(qwen3_target, seqs[1:2], [[1]], tmp_path)  # seqs[1] held from now on
+    calls.clear()
+    stats = FeatureStats()
+    it = iter_features(qwen3_target, [seqs[0], seqs[1], seqs[2], seqs[3], seqs[3], seqs[4]], [[1]], tmp_path, stats=stats, batch_tokens=40)
+    next(it)
+    assert calls == [(1, 20)] and stats.computed == 1  # seqs[0] alone: seqs[1] after it needs nothing
+    rest = list(it)
+    assert len(rest) == 5 and calls == [(1, 20), (2, 20), (1, 20)]  # [2, 3] (the second 3 from memory), then [4]
+    assert (stats.computed, stats.memory_hits, stats.disk_hits) == (4, 2, 0)  # seqs[1] and the second seqs[3] from memory

@@ -156,6 +156,8 @@ class FeaturesConfig:
     max_cache_gb: float = 10.0  # disk cap of <cache_dir>/features; least recently used files go first
     memory_gb: float = 2.0  # in-process cap
     chunk_tokens: Optional[int] = 1024  # positions per target pass on long sequences (bounds activations); null: one pass
+    batch_tokens: Optional[int] = None  # padded positions per target pass over consecutive sequences; null: one sequence per pass
+    # (slower on CPU: scripts/feature_batching.py; on CUDA the 27B bench times both: bench_steady)
 
 
 @dataclass

@@ -17,7 +17,13 @@ and the taps, so they are cached by that content:
 Drafters with different taps share one forward: `iter_features(target, seqs, [taps_a, taps_b], ...)`
 taps the union and `Features.taps(taps_a)` slices per drafter.
 
-Not in the key: chunk size and thread count, which change the states only by float rounding.
+Sequences that need the target run in batches (`batch_tokens`: at most that many padded positions per
+pass, consecutive sequences right-padded to the longest; padding is harmless, the target being causal), so a
+GPU runs one forward per batch rather than per sequence: at the 27B shape the per-sequence pass was bound by
+the host launching kernels (dflash/bench_steady.py's profile). The caller still gets one sequence at a time
+and holds at most one batch of computed states.
+
+Not in the key: chunk size, batch and thread count, which change the states only by float rounding.
 
     stats = FeatureStats()
     for f in iter_features(target, [x + r for x, r in zip(prompts, refs)], [drafter_taps], cache_dir, stats=stats):
@@ -212,12 +218,42 @@ def _check_finite(states: dict[int, Tensor], seq_index: int) -> None:
             )
 
 
-def _validate(max_cache_gb: float, memory_gb: float, chunk_tokens: int | None) -> None:
+def _validate(max_cache_gb: float, memory_gb: float, chunk_tokens: int | None, batch_tokens: int | None) -> None:
     if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
         raise ConfigError(f"features.chunk_tokens={chunk_tokens!r}: use a positive number of tokens, or null for one pass")
+    if batch_tokens is not None and (not isinstance(batch_tokens, int) or batch_tokens < 1):
+        raise ConfigError(f"features.batch_tokens={batch_tokens!r}: use a positive number of padded tokens per target pass, "
+                          "or null for one sequence per pass")
     for name, v in (("max_cache_gb", max_cache_gb), ("memory_gb", memory_gb)):
         if not isinstance(v, (int, float)) or v < 0:
             raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
+
+
+def _batch(seqs: Sequence[Sequence[int]], keys: list[str], need: list[tuple[int, ...]], i: int, batch_tokens: int | None) -> list[int]:
+    """The sequences of the pass that computes sequence i: i and the consecutive ones after it that need the same
+    layers (none twice), while the batch's padded size (count x longest) stays within batch_tokens."""
+    group, longest = [i], len(seqs[i])
+    for j in range(i + 1, len(seqs) if batch_tokens else i + 1):
+        if need[j] != need[i] or keys[j] in {keys[g] for g in group}:
+            break
+        if (len(group) + 1) * max(longest, len(seqs[j])) > batch_tokens:
+            break
+        group.append(j)
+        longest = max(longest, len(seqs[j]))
+    return group
+
+
+def _batched_forward(target: Target, seqs: Sequence[Sequence[int]], group: list[int], layers: list[int], chunk_tokens: int | None
+                     ) -> dict[int, Tensor]:
+    """One target pass over the group, right-padded -> {index: [T_i, m*H]} (each its own copy: no view keeps the batch alive)."""
+    T = max(len(seqs[g]) for g in group)
+    ids = torch.zeros((len(group), T), dtype=torch.long)  # [S, T]; the padding's id is never read back
+    for r, g in enumerate(group):
+        ids[r, : len(seqs[g])] = torch.tensor(list(seqs[g]))
+    out = tapped_forward(target, ids.to(target.device), layers, chunk_tokens=chunk_tokens)  # [S, T, m*H]
+    if len(group) == 1:
+        return {group[0]: out[0]}
+    return {g: out[r, : len(seqs[g])].clone() for r, g in enumerate(group)}
 
 
 def iter_features(
@@ -229,13 +265,15 @@ def iter_features(
     max_cache_gb: float = 10.0,
     memory_gb: float = 2.0,
     chunk_tokens: int | None = 1024,
+    batch_tokens: int | None = None,
     stats: FeatureStats | None = None,
 ) -> Iterator[Features]:
     """Tapped states of each sequence (token ids of prompt + reference) for the union of `layer_sets`
     (one layer list per drafter), in order, one at a time (so the caller never holds them all): from
-    memory, from disk, or one truncated target pass for the layers neither holds. `stats` (if given)
-    is filled as it goes; `cache=False`: compute everything, keep nothing."""
-    _validate(max_cache_gb, memory_gb, chunk_tokens)
+    memory, from disk, or a truncated target pass for the layers neither holds, batched over the next
+    sequences that need the same (`batch_tokens`). `stats` (if given) is filled as it goes; `cache=False`:
+    compute everything, keep nothing."""
+    _validate(max_cache_gb, memory_gb, chunk_tokens, batch_tokens)
     union = tuple(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
     if not union:
         raise ConfigError("the feature stage needs at least one tap layer")
@@ -245,6 +283,7 @@ def iter_features(
     stats.sequences = len(seqs)
     keys = [feature_key(target, s) for s in seqs]
     held = [{L for L in union if cache and (k, L) in _MEMORY} | (disk.layers(k, len(s)) if disk else set()) for k, s in zip(keys, seqs)]
+    need = [tuple(L for L in union if L not in h) for h in held]  # the layers each sequence's pass must compute
     tokens = sum(len(s) for s, h in zip(seqs, held) if not h.issuperset(union))
     log.info(
         "features: %d sequences, %d tokens, taps %s on %s: %d cached, %d to compute (%d tokens)%s",
@@ -252,6 +291,7 @@ def iter_features(
         sum(not h.issuperset(union) for h in held), tokens, "" if disk else ", cache off",
     )
     bar = Progress("features", total=tokens, unit="tok") if tokens else None
+    computed: dict[int, Tensor] = {}  # the current batch's states, by sequence index, until yielded
     try:
         for i, (key, seq) in enumerate(zip(keys, seqs)):
             t0 = time.perf_counter()
@@ -261,8 +301,10 @@ def iter_features(
             missing = [L for L in union if L not in got]
             states = None
             if missing:
-                ids = torch.tensor([list(seq)], device=target.device)
-                states = tapped_forward(target, ids, missing, chunk_tokens=chunk_tokens)[0]  # [T, m*H]
+                if i not in computed or tuple(missing) != need[i]:  # (memory may have dropped layers since `need` was read)
+                    group = _batch(seqs, keys, need, i, batch_tokens) if tuple(missing) == need[i] else [i]
+                    computed = _batched_forward(target, seqs, group, missing, chunk_tokens)
+                states = computed.pop(i)  # [T, m*H]
                 new = dict(zip(missing, states.split(H, dim=-1)))
                 _check_finite(new, i)
                 got.update(new)
