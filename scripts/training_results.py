@@ -61,6 +61,18 @@ def selector_figures(text: str) -> dict[str, str]:
             for n, d in m.items() if "selector_gain" in d}
 
 
+def paired_fresh(text: str) -> list[str]:
+    """A table row per `python -m dflash.compare A B` block of a compare log: τ on the fresh subset of A and B, the
+    paired gap B - A with its SE and z (the block's `acceptance_length/fresh` line)."""
+    rows = []
+    for block in text.split("### python -m dflash.compare ")[1:]:
+        pair = block.split("\n", 1)[0].split()
+        m = re.search(r"^acceptance_length/fresh\s+([\d.]+)\s+([\d.]+)\s+([+\-][\d.]+)\s+([\d.]+)\s+([+\-][\d.]+)", block, re.M)
+        if len(pair) >= 2 and m:
+            rows.append(f"| {pair[0]} | {pair[1]} | {m.group(1)} | {m.group(2)} | {m.group(3)} ± {m.group(4)} | {m.group(5)} |")
+    return rows
+
+
 def train_rows(text: str) -> dict[tuple[str, int], str]:
     """(variant, step) -> 'loss / acc_1 / tf_tau' from the trainer's metrics lines."""
     out = {}
@@ -100,6 +112,10 @@ def round_section(date: str) -> list[str]:
         lines.append(f"| {e.name} @{e.step} | {e.layers} | {e.taps} | {e.tau} ± {e.tau_se} | {e.fresh} | {e.train_like} | {e.leak_gain} | "
                      f"{train_at(rows, e.name, e.step)} | {e.extra or '-'} |")
     if cmp.is_file():
+        pairs = paired_fresh(cmp.read_text())
+        if pairs:
+            lines += ["", "### What each change buys: τ on the fresh subset, paired by prompt (B - A)", "",
+                      "| A | B | τ fresh A | τ fresh B | B - A ± SE | z |", "|---|---|---|---|---|---|", *pairs]
         lines += ["", "### Paired gaps (python -m dflash.compare)", "", "```", cmp.read_text().rstrip(), "```"]
     for b in sorted(RESULTS.glob(f"bench_*_{date}.log")):
         summ = b.read_text().split("== summary")[-1].strip()
