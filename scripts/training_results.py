@@ -107,10 +107,14 @@ def round_section(date: str) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     cmp = RESULTS / f"compare_cpu_{date}.log"
     sel = selector_figures(cmp.read_text()) if cmp.is_file() else {}
+    curve = tf_curve(rows)
     for e in evals:
         e = Eval(**{**e.__dict__, "extra": sel.get(f"{e.name}@step_{e.step}", "")})
         lines.append(f"| {e.name} @{e.step} | {e.layers} | {e.taps} | {e.tau} ± {e.tau_se} | {e.fresh} | {e.train_like} | {e.leak_gain} | "
                      f"{train_at(rows, e.name, e.step)} | {e.extra or '-'} |")
+    if curve:
+        lines += ["", "### The trainer's teacher-forced τ by step (its metrics lines; where the curves stand when the run stopped)", "",
+                  *curve]
     if cmp.is_file():
         pairs = paired_fresh(cmp.read_text())
         if pairs:
@@ -121,6 +125,18 @@ def round_section(date: str) -> list[str]:
         summ = b.read_text().split("== summary")[-1].strip()
         lines += ["", f"### {b.name}", "", "```", summ, "```"]
     return lines
+
+
+def tf_curve(rows: dict[tuple[str, int], str], every: int = 500) -> list[str]:
+    """The trainer's teacher-forced τ by step, a column per variant: every `every` steps and the last logged step."""
+    variants = list(dict.fromkeys(v for v, _ in rows))
+    steps = sorted({k for _, k in rows})
+    if not steps:
+        return []
+    shown = [k for k in steps if k % every == 0] + ([steps[-1]] if steps[-1] % every else [])
+    head = ["| step | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    return head + [f"| {k} | " + " | ".join(rows[(v, k)].rsplit(" / ", 1)[1] if (v, k) in rows else "-" for v in variants) + " |"
+                   for k in shown]
 
 
 def train_at(rows: dict[tuple[str, int], str], variant: str, step: int) -> str:
