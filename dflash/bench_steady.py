@@ -3,8 +3,9 @@
 The first evaluation in a process pays for kernels compiled and autotuned (fla's Triton kernels, the
 engine's capture); every later one runs warm. `steady(cfg, taps)` runs the references stage again (a new
 engine regenerating every reference: `references.refresh`) and the features stage again (their memory memo
-and disk cache emptied), both timed as the pipeline times them. `against_floors` holds each steady time
-against its floor on the same device (dflash/bench_floors.py): the feature pass against its linear
+and disk cache emptied), both timed as the pipeline times them; the features twice, one sequence per target
+pass and batched (`features.batch_tokens`), so one run says which the device prefers. `against_floors` holds
+each steady time against its floor on the same device (dflash/bench_floors.py): the feature pass against its linear
 layers' arithmetic at the GEMM rate, a decode step of the references against one read of the weights at
 the copy rate. `profiles` (`--scale-profile`) gives the top ops of a steady feature pass and of a few
 decode steps. Times are reported, never asserted.
@@ -28,6 +29,8 @@ from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.turns import turn_of
 from dflash.util.memo import PROCESS
 
+BATCH_TOKENS = 16384  # features.batch_tokens when the steady features are timed batched beside one sequence per pass
+
 
 def sequences(prep: pipeline.Prepared) -> list[list[int]]:
     """What the feature pass runs over: every prompt + its reference."""
@@ -37,7 +40,8 @@ def sequences(prep: pipeline.Prepared) -> list[list[int]]:
 def steady(cfg: EvalConfig, taps: list[int]) -> tuple[dict[str, Any], pipeline.Prepared]:
     """The references and features stages again in this process, kernels now compiled and autotuned: a new engine
     regenerating every reference (`references.refresh`), the features computed again with their memory memo and
-    disk cache emptied (as the first run found them). -> their timings, and what they prepared."""
+    disk cache emptied (as the first run found them), with the configured `features.batch_tokens` and then the other
+    batching (`_other_batching`). -> their timings, and what they prepared."""
     timings: dict[str, float] = {}
     prep = pipeline.prepare_run(pipeline.plan(replace(cfg, references=replace(cfg.references, refresh=True))), timings)
     stats, other = _features_again(cfg, prep, taps, cfg.features.batch_tokens), _other_batching(cfg.features.batch_tokens)
@@ -50,9 +54,6 @@ def steady(cfg: EvalConfig, taps: list[int]) -> tuple[dict[str, Any], pipeline.P
 def _other_batching(batch_tokens: int | None) -> int | None:
     """The feature pass's other batching, timed beside the configured one: batched if it runs one sequence per pass, else not."""
     return BATCH_TOKENS if batch_tokens is None else None
-
-
-BATCH_TOKENS = 16384  # padded tokens per target pass when the steady features are timed batched
 
 
 def _features_again(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], batch_tokens: int | None) -> FeatureStats:

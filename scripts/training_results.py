@@ -73,11 +73,11 @@ def paired_fresh(text: str) -> list[str]:
     return rows
 
 
-def train_rows(text: str) -> dict[tuple[str, int], str]:
-    """(variant, step) -> 'loss / acc_1 / tf_tau' from the trainer's metrics lines."""
+def train_rows(text: str) -> dict[tuple[str, int], tuple[str, str, str]]:
+    """(variant, step) -> (loss, acc_1, tf_tau) as the trainer's metrics lines print them."""
     out = {}
     for m in re.finditer(r"\[(\S+)\] step (\d+)/\d+ loss ([\d.]+) acc [\d.]+ acc_1 ([\d.]+) tf_tau ([\d.]+)", text):
-        out[(m.group(1), int(m.group(2)))] = f"{m.group(3)} / {m.group(4)} / {m.group(5)}"
+        out[(m.group(1), int(m.group(2)))] = (m.group(3), m.group(4), m.group(5))
     return out
 
 
@@ -127,7 +127,7 @@ def round_section(date: str) -> list[str]:
     return lines
 
 
-def tf_curve(rows: dict[tuple[str, int], str], every: int = 500) -> list[str]:
+def tf_curve(rows: dict[tuple[str, int], tuple[str, str, str]], every: int = 500) -> list[str]:
     """The trainer's teacher-forced τ by step, a column per variant: every `every` steps and the last logged step."""
     variants = list(dict.fromkeys(v for v, _ in rows))
     steps = sorted({k for _, k in rows})
@@ -135,17 +135,17 @@ def tf_curve(rows: dict[tuple[str, int], str], every: int = 500) -> list[str]:
         return []
     shown = [k for k in steps if k % every == 0] + ([steps[-1]] if steps[-1] % every else [])
     head = ["| step | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
-    return head + [f"| {k} | " + " | ".join(rows[(v, k)].rsplit(" / ", 1)[1] if (v, k) in rows else "-" for v in variants) + " |"
+    return head + [f"| {k} | " + " | ".join(rows[(v, k)][2] if (v, k) in rows else "-" for v in variants) + " |"
                    for k in shown]
 
 
-def train_at(rows: dict[tuple[str, int], str], variant: str, step: int) -> str:
+def train_at(rows: dict[tuple[str, int], tuple[str, str, str]], variant: str, step: int) -> str:
     """The trainer's figures at `step`, else at its last logged step before it (a run stopped between two log lines)."""
     logged = [k for v, k in rows if v == variant and k <= step]
     if not logged:
         return "-"
     at = max(logged)
-    return rows[(variant, at)] + ("" if at == step else f" (step {at})")
+    return " / ".join(rows[(variant, at)]) + ("" if at == step else f" (step {at})")
 
 
 def main() -> None:

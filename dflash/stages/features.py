@@ -284,11 +284,11 @@ def iter_features(
     keys = [feature_key(target, s) for s in seqs]
     held = [{L for L in union if cache and (k, L) in _MEMORY} | (disk.layers(k, len(s)) if disk else set()) for k, s in zip(keys, seqs)]
     need = [tuple(L for L in union if L not in h) for h in held]  # the layers each sequence's pass must compute
-    tokens = sum(len(s) for s, h in zip(seqs, held) if not h.issuperset(union))
+    tokens = sum(len(s) for s, n in zip(seqs, need) if n)
     log.info(
         "features: %d sequences, %d tokens, taps %s on %s: %d cached, %d to compute (%d tokens)%s",
-        len(seqs), sum(map(len, seqs)), list(union), target.device, sum(h.issuperset(union) for h in held),
-        sum(not h.issuperset(union) for h in held), tokens, "" if disk else ", cache off",
+        len(seqs), sum(map(len, seqs)), list(union), target.device, sum(not n for n in need), sum(bool(n) for n in need), tokens,
+        "" if disk else ", cache off",
     )
     bar = Progress("features", total=tokens, unit="tok") if tokens else None
     computed: dict[int, Tensor] = {}  # the current batch's states, by sequence index, until yielded
