@@ -246,7 +246,10 @@ def test_command_line_overrides_are_checked_before_hydra(args, bad):
 @pytest.mark.parametrize("override, message", [("prompts.max_new_tokens=1", "use 2 or more"), ("prompts.max_new_tokens=-3", "use 2 or more"),
                                                ("device.name=tpu", "is not a device"), ("device.name=cuda:1", None),
                                                ("replay.anchors=some", "replay.anchors='some': use auto"),
-                                               ("replay.tf_stride=0", r"replay.tf_stride=0: use 1"), ("replay.context_gb=0", "positive size")])
+                                               ("replay.tf_stride=0", r"replay.tf_stride=0: use 1"), ("replay.context_gb=0", "positive size"),
+                                               ("features.batch_tokens=0", r"features.batch_tokens=0: use a positive number"),
+                                               ("features.chunk_tokens=-3", r"features.chunk_tokens=-3: use a positive number"),
+                                               ("features.memory_gb=-1", r"features.memory_gb=-1.0: use a size in GB")])
 def test_values_the_schema_refuses(override, message):
     from dflash.config.schema import to_object
     from dflash.util.errors import ConfigError

@@ -159,6 +159,18 @@ class FeaturesConfig:
     batch_tokens: Optional[int] = None  # padded positions per target pass over consecutive sequences; null: one sequence per pass
     # (slower on CPU: scripts/feature_batching.py; on CUDA the 27B bench times both: bench_steady)
 
+    def __post_init__(self) -> None:
+        for name in ("chunk_tokens", "batch_tokens"):
+            v = getattr(self, name)
+            if v is not None and v != "???" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                what = {"chunk_tokens": "tokens, or null for one pass",
+                        "batch_tokens": "padded tokens per target pass, or null for one sequence per pass"}[name]
+                raise ConfigError(f"features.{name}={v!r}: use a positive number of {what}")
+        for name in ("max_cache_gb", "memory_gb"):
+            v = getattr(self, name)
+            if v != "???" and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
+
 
 @dataclass
 class ReplayConfig:

@@ -43,6 +43,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from dflash.config.schema import FeaturesConfig
 from dflash.models.forward import tapped_forward
 from dflash.models.target import Target
 from dflash.util.errors import ConfigError, TargetError
@@ -218,17 +219,6 @@ def _check_finite(states: dict[int, Tensor], seq_index: int) -> None:
             )
 
 
-def _validate(max_cache_gb: float, memory_gb: float, chunk_tokens: int | None, batch_tokens: int | None) -> None:
-    if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
-        raise ConfigError(f"features.chunk_tokens={chunk_tokens!r}: use a positive number of tokens, or null for one pass")
-    if batch_tokens is not None and (not isinstance(batch_tokens, int) or batch_tokens < 1):
-        raise ConfigError(f"features.batch_tokens={batch_tokens!r}: use a positive number of padded tokens per target pass, "
-                          "or null for one sequence per pass")
-    for name, v in (("max_cache_gb", max_cache_gb), ("memory_gb", memory_gb)):
-        if not isinstance(v, (int, float)) or v < 0:
-            raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
-
-
 def _batch(seqs: Sequence[Sequence[int]], keys: list[str], need: list[tuple[int, ...]], i: int, batch_tokens: int | None) -> list[int]:
     """The sequences of the pass that computes sequence i: i and the consecutive ones after it that need the same
     layers (none twice), while the batch's padded size (count x longest) stays within batch_tokens."""
@@ -273,7 +263,7 @@ def iter_features(
     memory, from disk, or a truncated target pass for the layers neither holds, batched over the next
     sequences that need the same (`batch_tokens`). `stats` (if given) is filled as it goes; `cache=False`:
     compute everything, keep nothing."""
-    _validate(max_cache_gb, memory_gb, chunk_tokens, batch_tokens)
+    FeaturesConfig(cache, max_cache_gb, memory_gb, chunk_tokens, batch_tokens)  # each setting checked where the config is
     union = tuple(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
     if not union:
         raise ConfigError("the feature stage needs at least one tap layer")
