@@ -16,9 +16,12 @@
 # Rounds (their logs in scripts/results/): train_h100_2026-12-06.log (one layer, the bugs, the DFlash2 twin, a
 # two-layer probe); train_h100_2026-12-06b.log: call 4 with VARIANTS="[fixed,fixed-l4,fixed-l4-dflash2]" STEPS=4400
 # GEN_MIN=3 MAX_MIN=8.7 EXPORTS="[1000,2000,3000]", call 5 with the same and GEN_MIN=0.01 MAX_MIN=6.6.
-# Env: MAX_MIN (minutes from the process start), STEPS (schedule length), VARIANTS, GEN_MIN, EXPORTS, EXTRA (a
+# train_h100_2026-12-06c.log: a warm start (INIT=1: .gpu/init/<variant>/step_<N>/, carried by a fifth `stage` call, holds
+# the exports it starts from) on prompts the earlier round did not see (OFFSET), then the bench at that drafter.
+# Env: MAX_MIN (minutes from the process start), STEPS (schedule length), LR, VARIANTS, GEN_MIN, OFFSET (data.prompt_offset),
+# INIT, EXPORTS, EXTRA (a
 # regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"); after training, BENCH=1 (the
-# bench on the newest fixed export), CURVE=1 (tau by step of CURVE_VARIANTS' exports, default fixed), EVAL2=1 (the
+# bench on BENCH_VARIANT's exports, default fixed; BENCH_SKIP its sections skipped, BENCH_ARGS e.g. --online-eager), CURVE=1 (tau by step of CURVE_VARIANTS' exports, default fixed), EVAL2=1 (the
 # newest export of EVAL2_VARIANT, default fixed-dflash2, as `drafter=hf`); their logs and outputs come back in logs.tgz.
 set -euo pipefail
 R=/root/w; GGUF=$R/SmolLM2-135M-Instruct.Q4_1.gguf; SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -29,6 +32,7 @@ stage() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl
   fi
   for f in .gpu/p? .gpu/q?; do [ -f "$f" ] && cp "$f" $R/; done
+  if [ -d .gpu/init ]; then mkdir -p $R/init && cp -r .gpu/init/* $R/init/; fi  # exports a warm start begins from (INIT=1)
   if [ ! -f $R/prompts.jsonl ] && [ -f $R/q0 ] && [ -f $R/q1 ]; then
     cat $R/q0 $R/q1 | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $R/prompts.jsonl && rm $R/q?
   fi
@@ -50,7 +54,8 @@ train)
     data.prompts_path=$R/prompts.jsonl data.num_prompts=100000 data.gen_batch_size=1024 data.shard_size=2048 \
     data.max_gen_minutes=${GEN_MIN:-4} data.chat_prompt_tokens=384 \
     tracking.enabled=false out_dir=$R/runs export_dir=$R/ckpt "export_steps=${EXPORTS:-[]}" \
-    save_every=100000 cache_dir=$R/cache max_minutes=${MAX_MIN} > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
+    save_every=100000 cache_dir=$R/cache max_minutes=${MAX_MIN} optim.lr=${LR:-1e-3} data.prompt_offset=${OFFSET:-0} \
+    $( [ "${INIT:-0}" = 1 ] && echo init_from=$R/init ) > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
   grep -E "data:|variant |step [0-9]+/|stopping|Error|error" $OUT/train.log | tail -80 || true
   cd $R; cp $OUT/train.log runs/ 2>/dev/null || true; rm -f $OUT/train.log
   tar czf $OUT/metrics.tgz $(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true)
@@ -58,8 +63,8 @@ train)
   python3 $R/code/scripts/pack_out.py $OUT $R $sel
   ls -la $OUT
   if [ "${BENCH:-0}" = 1 ]; then
-    cd $R/code; last=$(ls -d $R/ckpt/fixed/step_* | sort -V | tail -1)
-    python3 -m dflash.bench --skip generation,scale --online ${ONLINE:-12} target.path=$GGUF drafter.run_dir=$R/ckpt/fixed \
+    cd $R/code; bv=${BENCH_VARIANT:-fixed}; last=$(ls -d $R/ckpt/$bv/step_* | sort -V | tail -1)
+    python3 -m dflash.bench --skip ${BENCH_SKIP:-generation,scale} ${BENCH_ARGS:-} --online ${ONLINE:-12} target.path=$GGUF drafter.run_dir=$R/ckpt/$bv \
       device=cuda tracking.enabled=false cache_dir=$R/cache > $R/logs/bench.log 2>&1 || echo "BENCH FAILED: $?"
     grep -v "it/s\]$" $R/logs/bench.log | tail -40 || true
     echo "bench drafter: $last"

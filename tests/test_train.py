@@ -142,6 +142,8 @@ def test_bad_config_values_name_their_field(tmp_path):
         check(tiny_cfg(tmp_path, optim={"attention": "flash"}))
     with pytest.raises(ConfigError, match="drafter.block_size"):
         check(tiny_cfg(tmp_path, drafter={"block_size": 1}))
+    with pytest.raises(ConfigError, match="data.prompt_offset"):
+        check(tiny_cfg(tmp_path, data={"prompt_offset": -1}))
     with pytest.raises(ConfigError, match="unknown variant"):
         resolve_variants(tiny_cfg(tmp_path, variants=["fixed", "noisy_label"]))
     assert parse_variant("noisy_labels+final_layer").bugs == BugsConfig(noisy_labels=True, final_layer=True)

@@ -56,6 +56,27 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
     assert ld.model.cfg.block_size == 4 and straight["fixed"]["step"] == resumed["fixed"]["step"] == 6
 
 
+def test_warm_start_takes_an_exports_weights_and_refuses_another_shape(target, seqs, tmp_path):
+    """init_from: a variant with no checkpoint starts from the latest export of the same variant (step 0 of a
+    new schedule); an export of another shape is refused with the field named."""
+    from safetensors.torch import load_file
+
+    from dflash.util.errors import ConfigError
+
+    T.train(tiny_cfg(tmp_path / "a", optim={"steps": 2}, export_steps=[1]), target=target, seqs=seqs)
+    init = str(tmp_path / "a" / "ckpt")
+    T.train(tiny_cfg(tmp_path / "b", optim={"steps": 3}, init_from=init, stop_after=0), target=target, seqs=seqs)
+    a = load_file(str(tmp_path / "a" / "ckpt" / "fixed" / "step_2" / "model.safetensors"))  # the latest export, not step 1
+    b = load_file(str(tmp_path / "b" / "ckpt" / "fixed" / "step_0" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    cold = load_file(str(tmp_path / "a" / "ckpt" / "fixed" / "step_1" / "model.safetensors"))
+    assert any(not torch.equal(a[k], cold[k]) for k in a)  # the step taken mattered: a copy of step 1 would fail above
+    with pytest.raises(ConfigError, match="init_from.*not this variant's shape"):
+        T.train(tiny_cfg(tmp_path / "c", optim={"steps": 2}, drafter={"num_layers": 2}, init_from=init), target=target, seqs=seqs)
+    with pytest.raises(ConfigError, match="no export of variant loss_dilution"):
+        T.train(tiny_cfg(tmp_path / "d", optim={"steps": 2}, variants=["loss_dilution"], init_from=init), target=target, seqs=seqs)
+
+
 def test_shape_variants_share_one_lockstep_run(target, seqs, tmp_path):
     """fixed-l2 / fixed-t3 / fixed-dflash2 train beside fixed on the same data: each gets its own shape, taps
     and architecture, exported as the evaluator loads it; fixed is what it is when trained alone."""

@@ -42,6 +42,7 @@ class DrafterArch:
 class DataConfig:
     num_prompts: int = 8192
     prompts_path: Optional[str] = None  # a JSONL of prompts (python -m dflash.train.train_prompts writes one); else built here
+    prompt_offset: int = 0  # prompts_path: skip this many of its prompts (a continued run on prompts an earlier one did not see)
     seed: int = 0
     arithmetic_fraction: float = 0.3
     max_new_tokens: int = 320
@@ -95,6 +96,8 @@ class TrainConfig:
     seed: int = 0
     max_minutes: Optional[float] = None  # stop (and checkpoint) once the process has run this long; resume later
     stop_after: Optional[int] = None  # stop (and checkpoint) after this step; the schedule keeps optim.steps
+    # warm start: a variant with no checkpoint starts from <init_from>/<variant>/step_<N>/ (an export, the latest N), new optimizer and schedule
+    init_from: Optional[str] = None
 
 
 @dataclass
@@ -132,6 +135,7 @@ def check(cfg: Any) -> None:
         ("save_every", cfg.save_every, 1),
         ("log_every", cfg.log_every, 1),
         ("metrics_every", cfg.metrics_every, 1),
+        ("data.prompt_offset", cfg.data.prompt_offset, 0),
     ):
         if int(value) < low:
             raise ConfigError(f"{name}={value}: must be >= {low}")

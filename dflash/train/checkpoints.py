@@ -5,7 +5,9 @@
   dflash.models.checkpoint_files, read back by the evaluator as kind=training.
 - `<export_dir>/<variant>/step_<N>/`: a weights-only bf16 HF folder (what checkpoints/ holds), for
   `export_steps`, the last step and a stop.
-A run resumes from the latest checkpoint.pt of its folder: weights, optimizer, step, counters.
+A run resumes from the latest checkpoint.pt of its folder: weights, optimizer, step, counters. A
+run with none may start warm (`init_from`): the weights of an earlier run's latest export of the
+same variant, a new optimizer, step 0 of its own schedule.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 import torch
 
-from dflash.models.checkpoint_files import list_steps, save_hf_folder, save_training_checkpoint
+from dflash.models.checkpoint_files import list_steps, read_hf_folder, save_hf_folder, save_training_checkpoint
 from dflash.models.drafter import DFlashDrafter
 from dflash.train.variants import Variant
+from dflash.util.errors import ConfigError
 
 
 @dataclass
@@ -59,3 +62,21 @@ def try_resume(rs: RunState, device: torch.device) -> None:
     rs.step = int(obj["step"])
     meta: dict[str, Any] = obj.get("train_meta") or {}
     rs.tokens, rs.time = int(meta.get("tokens", 0)), float(meta.get("time", 0.0))
+
+
+def warm_start(rs: RunState, init_from: str) -> Path:
+    """Load the latest export <init_from>/<variant>/step_<N>/ into rs.model -> that folder."""
+    root = Path(init_from).expanduser() / rs.variant.name
+    steps = [s for s in list_steps(root) if (root / f"step_{s}" / "config.json").is_file()]
+    if not steps:
+        raise ConfigError(f"init_from={init_from}: no export of variant {rs.variant.name} ({root}/step_<N>/config.json); "
+                          "point init_from at an earlier run's export_dir, or drop it to start from random weights")
+    folder = root / f"step_{steps[-1]}"
+    sd, _ = read_hf_folder(folder)
+    own = rs.model.state_dict()
+    wrong = sorted(k for k in own if k not in sd or sd[k].shape != own[k].shape) + sorted(k for k in sd if k not in own)
+    if wrong:
+        raise ConfigError(f"init_from: {folder} is not this variant's shape (tensors missing, extra or of another shape: "
+                          f"{', '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''}); train it with the drafter.* settings it was made with")
+    rs.model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()})
+    return folder

@@ -31,12 +31,13 @@ import torch  # noqa: E402
 from dflash.config.train import check  # noqa: E402
 from dflash.train.arch import base_layer_ids, drafter_config, init_drafter  # noqa: E402
 from dflash.train.batch import Batcher, step_batch  # noqa: E402
-from dflash.train.checkpoints import RunState, export, save_checkpoint, try_resume  # noqa: E402
+from dflash.train.checkpoints import RunState, export, save_checkpoint, try_resume, warm_start  # noqa: E402
 from dflash.train.labels import final_tap_is_normed  # noqa: E402
 from dflash.train.step import StepSettings, lr_at, make_optimizer, resolve_amp, resolve_backend, train_step, variant_inputs  # noqa: E402
 from dflash.train.taps import needed_layers, target_states  # noqa: E402
 from dflash.train.train_metrics import Tracker, Window, summarise  # noqa: E402
 from dflash.train.variants import resolve_variants, variant_layer_ids  # noqa: E402
+from dflash.util.errors import ConfigError  # noqa: E402
 from dflash.util.files import atomic_write_text  # noqa: E402
 from dflash.util.progress import Progress, log  # noqa: E402
 
@@ -72,10 +73,13 @@ def load_sequences(cfg: Any, target: Any) -> list:
     d = cfg.data
     template = dict(cfg.target.template) if cfg.target.template is not None else {}
     prompts = (
-        read_jsonl(d.prompts_path)[: d.num_prompts]
+        read_jsonl(d.prompts_path)[int(d.prompt_offset) : int(d.prompt_offset) + int(d.num_prompts)]
         if d.prompts_path
         else build_prompts(int(d.num_prompts), int(d.seed), float(d.arithmetic_fraction))
     )
+    if not prompts:
+        raise ConfigError(f"data: no training prompt (data.prompt_offset={d.prompt_offset}, data.num_prompts={d.num_prompts}, "
+                          f"data.prompts_path={d.prompts_path}): lower the offset or point prompts_path at a longer file")
     t0 = time.time()
     deadline = PROCESS_START + 60 * float(d.max_gen_minutes) if d.max_gen_minutes else None
     seqs = build_chat_sequences(
@@ -105,14 +109,16 @@ def start_runs(cfg: Any, target: Any, device: torch.device) -> list[RunState]:
         rs = RunState(v, model, make_optimizer(model, cfg.optim, device), Path(cfg.out_dir) / v.name)
         rs.run_dir.mkdir(parents=True, exist_ok=True)
         try_resume(rs, device)
+        init = warm_start(rs, cfg.init_from) if rs.step == 0 and cfg.init_from else None
         runs.append(rs)
         log.info(
-            "variant %s: bugs %s, taps %s, %.2fM params, start at step %d",
+            "variant %s: bugs %s, taps %s, %.2fM params, start at step %d%s",
             v.name,
             vars(v.bugs),
             dcfg.target_layer_ids,
             sum(p.numel() for p in model.parameters()) / 1e6,
             rs.step,
+            f", weights from {init}" if init else "",
         )
     return runs
 
