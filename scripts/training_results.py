@@ -7,6 +7,7 @@ scripts/results/, per round:
 - `train_<machine>_<ROUND>.log`: the trainer's log (data lines, per-variant rows every metrics_every steps);
 - `eval_cpu_<ROUND>/*.log`: one `python evaluate.py` summary per drafter and step (builtin prompts);
 - `compare_cpu_<ROUND>.log`: `python -m dflash.compare` tables (paired gaps), copied verbatim;
+- `humaneval_cpu_<ROUND>/*.log` and `compare_humaneval_cpu_<ROUND>.log`: the same on HumanEval-164;
 - `bench_*_<ROUND>.log`: the benches, named with their headers.
 Every figure on the page comes from those files; nothing is typed in by hand.
 """
@@ -49,6 +50,20 @@ def parse_eval(text: str) -> Eval | None:
     name = head.group(1) + (" (shipped, earlier round)" if shipped else "")
     return Eval(name, int(head.group(2)), layers.group(1) if layers else "-", taps.group(1).replace(" ", "") if taps else "-",
                 tau.group(1), tau.group(2), sub.group(1) if sub else "-", sub.group(2) if sub else "-", leak.group(1) if leak else "-", "")
+
+
+def humaneval_row(text: str) -> str | None:
+    """A table row of one HumanEval-164 evaluation log: drafter @ step, τ ± SE, accuracy at slots 1-3, DFlash2's selector line."""
+    head = re.search(r"^== (\S+)@step_(\d+)", text, re.M)
+    tau = re.search(r"acceptance length τ \(bonus included, token-weighted\): ([\d.]+) ± ([\d.]+)", text)
+    if not head or not tau:
+        return None
+    table = text.split("pos   accept(cum)", 1)[-1]  # the per-slot table
+    acc = re.findall(r"^\s*([123])\s+[\d.]+\s+[\d.]+\s+([\d.]+)", table, re.M)[:3]
+    d2 = re.search(r"DFlash2: .*?unary τ \(argmax, no selector\) ([\d.]+) ± ([\d.]+)\s+selector gain ([+\-][\d.]+) ± ([\d.]+)", text)
+    shipped = " (shipped, earlier round)" if "the shipped default" in text.splitlines()[0] else ""
+    return (f"| {head.group(1)}{shipped} @{head.group(2)} | {tau.group(1)} ± {tau.group(2)} | {' / '.join(a for _, a in acc) or '-'} | "
+            + (f"unary τ {d2.group(1)} ± {d2.group(2)}; selector gain {d2.group(3)} ± {d2.group(4)}" if d2 else "-") + " |")
 
 
 def selector_figures(text: str) -> dict[str, str]:
@@ -121,6 +136,13 @@ def round_section(date: str) -> list[str]:
             lines += ["", "### What each change buys: τ on the fresh subset, paired by prompt (B - A)", "",
                       "| A | B | τ fresh A | τ fresh B | B - A ± SE | z |", "|---|---|---|---|---|---|", *pairs]
         lines += ["", "### Paired gaps (python -m dflash.compare)", "", "```", cmp.read_text().rstrip(), "```"]
+    he = [r for r in (humaneval_row(p.read_text()) for p in sorted((RESULTS / f"humaneval_cpu_{date}").glob("*.log"))) if r]
+    if he:
+        lines += ["", "### τ on HumanEval-164 (CPU, greedy, 256 new tokens, fp32 target; `prompts=humaneval prompts.num_prompts=164`)", "",
+                  "| drafter @ step | τ ± SE | accuracy @1 / @2 / @3 (teacher-forced) | DFlash2 |", "|---|---|---|---|", *he]
+        hcmp = RESULTS / f"compare_humaneval_cpu_{date}.log"
+        if hcmp.is_file():
+            lines += ["", "```", hcmp.read_text().rstrip(), "```"]
     for b in sorted(RESULTS.glob(f"bench_*_{date}.log")):
         summ = b.read_text().split("== summary")[-1].strip()
         lines += ["", f"### {b.name}", "", "```", summ, "```"]
