@@ -2,8 +2,9 @@
 
     train(cfg) -> {variant: summary}        (cfg: conf/train.yaml composed, or an OmegaConf of TrainConfig)
 
-Set-up: device, target (loaded unless given), sequences (data.py, unless given), the variants'
-drafters (arch.py; resumed from their latest checkpoint.pt), a Tracker each. Then per step: the
+Set-up: device, target (loaded unless given), the variants' drafters (arch.py; resumed from their
+latest checkpoint.pt, or warm from `init_from`: a bad one fails before any data is made), sequences
+(data.py, unless given), a Tracker each. Then per step: the
 batch and anchors of (seed, step) (batch.py); one target pass for the union of the variants' taps
 (taps.py); per variant, its inputs and one optimizer step (step.py), each with the same noise
 draws (a generator seeded by (seed, step)); counters into its window, a log row every `log_every`
@@ -153,6 +154,7 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
         from dflash.models.target import load_target
 
         target = load_target(cfg.target.kind, cfg.target.path, o.target_dtype, str(device), "sdpa", cfg.cache_dir, cfg.target.max_context)
+    runs = start_runs(cfg, target, device)  # before the data: a bad init_from or shape fails before minutes of generation
     seqs = load_sequences(cfg, target) if seqs is None else seqs
     settings = StepSettings(
         resolve_backend(o.attention, device),
@@ -167,7 +169,6 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else target.eos_ids[0]
     batcher = Batcher(seqs, int(o.batch_size), int(o.max_seq_len), int(pad), int(cfg.seed))
     params = flatten(to_container(cfg) if not isinstance(cfg, dict) else cfg)
-    runs = start_runs(cfg, target, device)
     layers = needed_layers([rs.model.cfg.target_layer_ids for rs in runs], target.num_layers, any(rs.variant.bugs.noisy_labels for rs in runs))
     live = [Live(rs, open_tracker(cfg, rs, params, len(batcher.seqs)), mark=(time.time(), rs.step)) for rs in runs]
     total, start = int(o.steps), min(rs.step for rs in runs)
