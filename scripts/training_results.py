@@ -54,15 +54,13 @@ def parse_eval(text: str) -> Eval | None:
 
 def humaneval_row(text: str) -> str | None:
     """A table row of one HumanEval-164 evaluation log: drafter @ step, τ ± SE, accuracy at slots 1-3, DFlash2's selector line."""
-    head = re.search(r"^== (\S+)@step_(\d+)", text, re.M)
-    tau = re.search(r"acceptance length τ \(bonus included, token-weighted\): ([\d.]+) ± ([\d.]+)", text)
-    if not head or not tau:
+    e = parse_eval(text)
+    if e is None:
         return None
     table = text.split("pos   accept(cum)", 1)[-1]  # the per-slot table
     acc = re.findall(r"^\s*([123])\s+[\d.]+\s+[\d.]+\s+([\d.]+)", table, re.M)[:3]
     d2 = re.search(r"DFlash2: .*?unary τ \(argmax, no selector\) ([\d.]+) ± ([\d.]+)\s+selector gain ([+\-][\d.]+) ± ([\d.]+)", text)
-    shipped = " (shipped, earlier round)" if "the shipped default" in text.splitlines()[0] else ""
-    return (f"| {head.group(1)}{shipped} @{head.group(2)} | {tau.group(1)} ± {tau.group(2)} | {' / '.join(a for _, a in acc) or '-'} | "
+    return (f"| {e.name} @{e.step} | {e.tau} ± {e.tau_se} | {' / '.join(a for _, a in acc) or '-'} | "
             + (f"unary τ {d2.group(1)} ± {d2.group(2)}; selector gain {d2.group(3)} ± {d2.group(4)}" if d2 else "-") + " |")
 
 

@@ -4,14 +4,13 @@
 
 Set-up: device, target (loaded unless given), the variants' drafters (arch.py; resumed from their
 latest checkpoint.pt, or warm from `init_from`: a bad one fails before any data is made), sequences
-(data.py, unless given), a Tracker each. Then per step: the
-batch and anchors of (seed, step) (batch.py); one target pass for the union of the variants' taps
-(taps.py); per variant, its inputs and one optimizer step (step.py), each with the same noise
-draws (a generator seeded by (seed, step)); counters into its window, a log row every `log_every`
-steps, ratios every `metrics_every` (train_metrics.py), checkpoints every `save_every` and exports at
-`export_steps` and the last step (checkpoints.py). `stop_after` / `max_minutes` (counted from the
-process start: loading and data generation included) checkpoint and export every variant and stop;
-running again resumes.
+(data.py, unless given), a Tracker each. Then per step: the batch and anchors of (seed, step)
+(batch.py); one target pass for the union of the variants' taps (taps.py); per variant, its inputs
+and one optimizer step (step.py), each with the same noise draws (a generator seeded by (seed,
+step)); counters into its window, a log row every `log_every` steps, ratios every `metrics_every`
+(train_metrics.py), checkpoints every `save_every` and exports at `export_steps` and the last step
+(checkpoints.py). `stop_after` / `max_minutes` (counted from the process start: loading and data
+generation included) checkpoint and export every variant and stop; running again resumes.
 
 Throughput: `tokens_per_s` is a variant's labelled tokens over its own time (its step plus its
 share of the target pass); `wall_s_per_step` is the wall clock of the whole loop per step.
