@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from dflash.models.checkpoint import check_weights
 from dflash.models.checkpoint_files import list_steps, read_hf_folder, save_hf_folder, save_training_checkpoint
 from dflash.models.drafter import DFlashDrafter
 from dflash.train.variants import Variant
-from dflash.util.errors import ConfigError
+from dflash.util.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -73,10 +74,10 @@ def warm_start(rs: RunState, init_from: str) -> Path:
                           "point init_from at an earlier run's export_dir, or drop it to start from random weights")
     folder = root / f"step_{steps[-1]}"
     sd, _ = read_hf_folder(folder)
+    try:
+        check_weights(rs.model.cfg, sd, f"init_from: {folder}")  # every tensor this variant needs, its shape, finite; none left over
+    except CheckpointError as e:
+        raise ConfigError(f"{e}. Warm-start a variant from an export of its own shape: the drafter.* settings it was trained with") from None
     own = rs.model.state_dict()
-    wrong = sorted(k for k in own if k not in sd or sd[k].shape != own[k].shape) + sorted(k for k in sd if k not in own)
-    if wrong:
-        raise ConfigError(f"init_from: {folder} is not this variant's shape (tensors missing, extra or of another shape: "
-                          f"{', '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''}); train it with the drafter.* settings it was made with")
-    rs.model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()})
+    rs.model.load_state_dict({k: sd[k].to(own[k].dtype) for k in own})
     return folder
