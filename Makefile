@@ -2,6 +2,7 @@
 # make test [PYTEST_ARGS=...]                      set up .venv if needed, lint (ruff, import contracts), run the test suite
 # make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined, no import circle)
 # make setup                                       only the set-up
+# make drafters                                   restore the drafters outside checkpoints/' budget from the git history (checkpoints/extra.txt)
 # make results                                     rebuild docs/results.md and docs/training_results.md from the raw logs in scripts/results/
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup evaluate test lint results
+.PHONY: setup evaluate test lint results drafters
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -36,3 +37,6 @@ test: lint
 results: setup
 	$(PY) scripts/results_page.py
 	$(PY) scripts/training_results.py
+
+drafters:
+	bash scripts/drafters.sh

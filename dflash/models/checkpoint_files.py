@@ -57,7 +57,9 @@ def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
         raise CheckpointError(f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders")
     steps = list_steps(run)
     if not steps:
-        raise CheckpointError(f"{run} holds no step_<N>/ folders; is drafter.run_dir right?")
+        held = (" (it holds a trainer's metrics: are its weights elsewhere? this repository's drafters outside checkpoints/' budget "
+                "come back with `make drafters`)") if (run / "metrics.jsonl").is_file() else ""
+        raise CheckpointError(f"{run} holds no step_<N>/ folders{held}; is drafter.run_dir right?")
     if step is None:
         step = steps[-1]
     d = run / f"step_{step}"
