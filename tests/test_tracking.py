@@ -82,6 +82,36 @@ def test_every_exit_ends_the_run_and_a_signal_its_sweep_parent(uri, exc, status,
     assert parent.info.run_name == "sweep drafter.seed=0,1" and parent.data.tags[tracking.SWEEP_TAG] == "abc123"
 
 
+def test_a_signal_during_a_store_write_waits_for_the_write(uri):
+    """SIGTERM arriving inside an MLflow write is held back until the write returns (MLflow's sessions roll
+    back on Exception only: a BaseException raised mid-write can leave the SQLite store locked), then raised;
+    the write is whole and the store takes the run's closing writes at once."""
+    import signal
+    import time
+
+    from dflash.util.errors import install_signal_handlers
+
+    old = signal.getsignal(signal.SIGTERM)
+    install_signal_handlers()
+    try:
+        with tracking.Run(uri, "dflash/x", "r") as run:
+            c = tracking.mlflow_client(uri)
+            real = c._client.set_tag
+
+            def signalled_mid_write(*args, **kwargs):
+                os.kill(os.getpid(), signal.SIGTERM)  # delivered now, unless held back
+                time.sleep(0.05)
+                return real(*args, **kwargs)
+
+            c._client.set_tag = signalled_mid_write
+            with pytest.raises(Terminated):
+                c.set_tag(run.run_id, "written", "yes")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    r = tracking.mlflow_client(uri).get_run(run.run_id)
+    assert r.data.tags["written"] == "yes" and r.info.status == "FINISHED"  # the write, then the signal, outside the run's block
+
+
 def test_unwritable_store_is_a_tracking_error(tmp_path):
     from dflash.util.errors import TrackingError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from dflash.tracking.record import KILLED_TAG, PER_PROMPT
-from dflash.util.errors import TrackingError
+from dflash.util.errors import TrackingError, signals_deferred
 from dflash.util.files import open_append
 
 SWEEP_TAG = "dflash.sweep_id"
@@ -33,11 +34,32 @@ VIEW_KEY = "dflash"  # the evaluation experiment's saved view: mlflow.sharedView
 MAX_TAG = 7900  # MLflow keeps 8000 characters of a run tag
 
 
-def mlflow_client(uri: str):
+class SignalSafeClient:
+    """An MlflowClient whose every call runs with SIGINT and SIGTERM held back until it returns. A signal is raised
+    as a BaseException, which MLflow's store sessions do not roll back (they catch Exception): one that lands inside a
+    write can leave the SQLite store locked, and the run's own closing writes then fail ("database is locked")."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def deferred(*args: Any, **kwargs: Any) -> Any:
+            with signals_deferred():
+                return attr(*args, **kwargs)
+
+        return deferred
+
+
+def mlflow_client(uri: str) -> Any:
     os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    return SignalSafeClient(MlflowClient(tracking_uri=uri))
 
 
 @contextmanager

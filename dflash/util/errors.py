@@ -10,13 +10,15 @@ a `Terminated` exception raised in the main thread, so `finally` blocks and cont
 (temporary folders removed, the MLflow run ended KILLED) exactly as they do for Ctrl-C's
 KeyboardInterrupt. Exit codes follow the shell's convention: 130 for SIGINT, 143 for SIGTERM.
 `signals_deferred()` holds both back while a run is being closed, so a second Ctrl-C cannot leave it
-half-ended; they are delivered (and raise) when the block ends.
+half-ended, and during every MLflow call (dflash.tracking.store.SignalSafeClient), so none lands inside a store
+write; they are delivered (and raise) when the block ends.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -72,17 +74,26 @@ def install_signal_handlers() -> None:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends (main thread, POSIX; elsewhere a no-op)."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    except (AttributeError, ValueError, OSError):  # no pthread_sigmask (Windows)
+    """SIGINT and SIGTERM wait until the block ends, then act as they would have (main thread; elsewhere a no-op).
+    Held by swapping the Python handlers, not by a signal mask: a process-directed signal reaches whichever thread
+    does not block it, and Python runs its handler in the main thread all the same (torch and MLflow start threads)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    pending: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(pending):  # each signal once, in the order it came
+            handler = old[s]
+            if callable(handler):
+                handler(s, None)  # raises (KeyboardInterrupt, Terminated), or an outer block's hold records it
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), s)
 
 
 def exit_code(exc: BaseException) -> int:
