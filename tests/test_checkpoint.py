@@ -389,3 +389,18 @@ def test_the_checkpoint_digest_is_computed_beside_the_load(tmp_path):
     assert sha256_later(f).result(timeout=30) == hashlib.sha256(f.read_bytes()).hexdigest()
     with pytest.raises(FileNotFoundError):
         sha256_later(tmp_path / "gone.bin").result(timeout=30)
+
+
+def test_a_run_folder_kept_in_the_git_history_says_make_drafters(tmp_path, monkeypatch):
+    """A shipped drafter outside checkpoints/' budget (listed in checkpoints/extra.txt) whose step folders are not
+    restored names `make drafters`; any other run folder without steps asks whether drafter.run_dir is right."""
+    from dflash.models import checkpoint_files
+
+    monkeypatch.setattr(checkpoint_files, "PROJECT_ROOT", tmp_path)
+    (tmp_path / "checkpoints" / "r").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "extra.txt").write_text("# step folder  commit\ncheckpoints/r/step_5  abc123\n")
+    with pytest.raises(CheckpointError, match=r"kept in the git history.*`make drafters` restores them"):
+        checkpoint_files.resolve_step(tmp_path / "checkpoints" / "r", None)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(CheckpointError, match=r"holds no step_<N>/ folders; is drafter.run_dir right"):
+        checkpoint_files.resolve_step(tmp_path / "other", None)

@@ -24,7 +24,7 @@ import torch
 
 from dflash.models.drafter import DFlashDrafter
 from dflash.util.errors import CheckpointError
-from dflash.util.files import atomic_dir, atomic_write, find_path
+from dflash.util.files import PROJECT_ROOT, atomic_dir, atomic_write, find_path
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")
@@ -50,6 +50,13 @@ def _formats(folder: Path) -> tuple[list[Path], list[Path]]:
     return pickles, st
 
 
+def in_git_history(run: Path) -> bool:
+    """Whether checkpoints/extra.txt lists step folders of this run: a shipped drafter outside the tree's budget."""
+    listed = PROJECT_ROOT / "checkpoints" / "extra.txt"
+    lines = listed.read_text().splitlines() if listed.is_file() else []
+    return any((PROJECT_ROOT / line.split()[0]).parent.resolve() == run.resolve() for line in lines if line.strip() and not line.startswith("#"))
+
+
 def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
     """-> (file or folder of that step, step). step=None takes the latest."""
     run = find_path(run_dir)
@@ -57,9 +64,10 @@ def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
         raise CheckpointError(f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders")
     steps = list_steps(run)
     if not steps:
-        held = (" (it holds a trainer's metrics: are its weights elsewhere? this repository's drafters outside checkpoints/' budget "
-                "come back with `make drafters`)") if (run / "metrics.jsonl").is_file() else ""
-        raise CheckpointError(f"{run} holds no step_<N>/ folders{held}; is drafter.run_dir right?")
+        if in_git_history(run):
+            raise CheckpointError(f"{run} holds no step_<N>/ folders: its weights are kept in the git history, outside checkpoints/' "
+                                  "budget (checkpoints/extra.txt); `make drafters` restores them")
+        raise CheckpointError(f"{run} holds no step_<N>/ folders; is drafter.run_dir right?")
     if step is None:
         step = steps[-1]
     d = run / f"step_{step}"

@@ -87,7 +87,8 @@ def signals_deferred() -> Iterator[None]:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                signal.signal(s, handler)
         for s in dict.fromkeys(pending):  # each signal once, in the order it came
             handler = old[s]
             if callable(handler):
