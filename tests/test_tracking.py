@@ -112,6 +112,34 @@ def test_a_signal_during_a_store_write_waits_for_the_write(uri):
     assert r.data.tags["written"] == "yes" and r.info.status == "FINISHED"  # the write, then the signal, outside the run's block
 
 
+def test_a_new_store_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A new SQLite store is built under a temporary name and renamed into place: creation that stops midway (here
+    an error after MLflow made some tables) leaves neither the store nor the temporary file, and the next run
+    creates it whole. A store already broken is a TrackingError (exit 2), not a traceback."""
+    from dflash.tracking import store
+    from dflash.util.errors import TrackingError
+
+    db = tmp_path / "mlflow.db"
+    real = store.mlflow_client
+
+    def dies_after_creating(uri):
+        real(uri)  # the tables exist in the temporary file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "mlflow_client", dies_after_creating)
+    with pytest.raises(KeyboardInterrupt):
+        store.open_store(f"sqlite:///{db}")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(store, "mlflow_client", real)
+    store.open_store(f"sqlite:///{db}").search_experiments()
+    assert [p.name for p in tmp_path.iterdir()] == ["mlflow.db"]
+
+    broken = tmp_path / "broken.db"
+    broken.write_bytes(b"not a database" * 100)
+    with pytest.raises(TrackingError, match="cannot open the MLflow store .*move it aside"):
+        store.open_store(f"sqlite:///{broken}")
+
+
 def test_unwritable_store_is_a_tracking_error(tmp_path):
     from dflash.util.errors import TrackingError
 

@@ -59,7 +59,8 @@ def mlflow_client(uri: str) -> Any:
     os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
     from mlflow.tracking import MlflowClient
 
-    return SignalSafeClient(MlflowClient(tracking_uri=uri))
+    with signals_deferred():  # the constructor opens the store (creating or migrating its tables)
+        return SignalSafeClient(MlflowClient(tracking_uri=uri))
 
 
 @contextmanager
@@ -82,14 +83,28 @@ def store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _create_sqlite_store(path: Path) -> None:
+    """A new SQLite store is built under a temporary name and renamed into place: a process killed while MLflow
+    creates its tables (seconds) leaves no half-built store that every later run would fail to open."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")  # unique: MLflow caches a store per URI
+    try:
+        mlflow_client(f"sqlite:///{tmp}").search_experiments(max_results=1)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def open_store(uri: str):
     """A client on a created / migrated store (call under store_lock): TrackingError if it cannot be used."""
-    client = mlflow_client(uri)
     try:
+        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
+            _create_sqlite_store(Path(uri[len("sqlite:///") :]))
+        client = mlflow_client(uri)
         client.search_experiments(max_results=1)
     except Exception as e:
         raise TrackingError(f"cannot open the MLflow store {uri}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; pass a "
-                            "writable tracking.uri=sqlite:///<folder>/mlflow.db, or tracking.enabled=false") from None
+                            "writable tracking.uri=sqlite:///<folder>/mlflow.db (a store half-built by an older version killed "
+                            "while creating it: move it aside), or tracking.enabled=false") from None
     return client
 
 
