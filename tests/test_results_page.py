@@ -85,8 +85,12 @@ def test_docs_training_results_md_is_what_its_generator_writes(tmp_path, monkeyp
     sys.modules["training_results"] = mod
     spec.loader.exec_module(mod)
     monkeypatch.setattr(mod, "PAGE", tmp_path / "training_results.md")
-    monkeypatch.setattr(sys, "argv", ["training_results.py"])  # the newest round, as `make results` runs it
+    monkeypatch.setattr(mod, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text((ROOT / "README.md").read_text())
+    monkeypatch.setattr(sys, "argv", ["training_results.py"])  # every round, as `make results` runs it
     mod.main()
     assert (tmp_path / "training_results.md").read_text() == (ROOT / "docs" / "training_results.md").read_text(), \
         "docs/training_results.md is stale: run `make results`"
+    assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text(), "README.md's training results are stale: run `make results`"
+    assert "| builtin, fresh | fixed@step_1800 | final_layer@step_1800 |" in (tmp_path / "README.md").read_text()  # a bug's paired gap
     assert "| fixed @1800 |" in (tmp_path / "training_results.md").read_text()  # the round's evaluations are on it
