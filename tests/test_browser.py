@@ -121,7 +121,7 @@ def training_ui(tmp_path_factory, pw):
 
     tmp = tmp_path_factory.mktemp("training_ui")
     env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), "drafter.step=all", "prompts.num_prompts=2", "prompts.max_new_tokens=24",
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), "drafter=fixed", "drafter.step=all", "prompts.num_prompts=2", "prompts.max_new_tokens=24",
            f"hydra.run.dir={tmp}/out"]
     r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

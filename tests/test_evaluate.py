@@ -52,7 +52,7 @@ def test_default_evaluation_logs_everything(tmp_path):
     assert not any("/pos_" in k for k in m)  # per-slot values are curves, never scalars under a scalar-looking name
     assert m["acceptance_length"] > 1.0  # the shipped drafter accepts tokens
     assert m["prompt_lookup/acceptance_length"] >= 1.0 and "prompt_lookup/gain" in m and "prompt lookup (vLLM's ngram" in r.stdout  # the yardstick
-    assert run.info.run_name == "fixed@step_5037" and run.data.tags["checkpoint_sha256"]
+    assert run.info.run_name == "fixed-l4-dflash2-warm@step_5000" and run.data.tags["checkpoint_sha256"]
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -63,11 +63,11 @@ def test_default_evaluation_logs_everything(tmp_path):
     share = c.get_metric_history(run.info.run_id, "by_commit/share")
     assert sum(x.value for x in share) == pytest.approx(1.0, abs=1e-3) and min(x.step for x in share) >= 1
     t, p = run.data.tags, run.data.params
-    assert t["group.target"] == "smollm2_135m" and t["group.drafter"] == "fixed" and t["version.torch"] and t["device"] == "cpu"
+    assert t["group.target"] == "smollm2_135m" and t["group.drafter"] == "fixed-l4-dflash2-warm" and t["version.torch"] and t["device"] == "cpu"
     assert t["mlflow.source.git.commit"] and t["mlflow.source.name"].endswith("evaluate.py") and "git_commit" not in t
     assert t["dflash.host"] and t["dflash.pid"] and t["mlflow.note.content"].startswith(f"**τ = {m['acceptance_length']:.3f}")
     assert p["prompts.max_new_tokens"] == "24" and p["target.template.enable_thinking"] == "False"
-    assert p["drafter.step"] == "5037" and p["drafter.target_layer_ids"] == "[1, 14, 27]" and p["device.dtype"] == "float32"  # as resolved
+    assert p["drafter.step"] == "5000" and p["drafter.target_layer_ids"] == "[1, 14, 27]" and p["device.dtype"] == "float32"  # as resolved
     (ds,) = run.inputs.dataset_inputs
     assert ds.dataset.name == "prompts:builtin" and len(ds.dataset.digest) == 12
     arts = {a.path for a in c.list_artifacts(run.info.run_id)}
@@ -79,7 +79,7 @@ def test_default_evaluation_logs_everything(tmp_path):
 
 
 def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
-    r = evaluate(tmp_path, "-m", "drafter.step=1633,5037", "scores=true", "progress=false", *FAST)  # two steps of the shipped fixed run
+    r = evaluate(tmp_path, "-m", "drafter=fixed", "drafter.step=1633,5037", "scores=true", "progress=false", *FAST)  # two steps of the shipped fixed run
     assert r.returncode == 0, r.stderr[-3000:]
     assert "features:" not in r.stderr and "replay:" not in r.stderr  # progress=false: no stage lines
     all_runs = runs(tmp_path)

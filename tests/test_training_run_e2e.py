@@ -25,7 +25,7 @@ def evaluate(tmp: Path, *args: str) -> subprocess.CompletedProcess:
 def test_step_all_on_the_shipped_run_is_one_parent_with_curves_at_its_training_steps(tmp_path):
     from dflash import tracking
 
-    r = evaluate(tmp_path, "drafter.step=all", *FAST)
+    r = evaluate(tmp_path, "drafter=fixed", "drafter.step=all", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 step(s) evaluated" in r.stdout and "MLflow: training run parent" in r.stdout
     c = tracking.mlflow_client(f"sqlite:///{tmp_path}/mlflow.db")
@@ -41,7 +41,7 @@ def test_step_all_on_the_shipped_run_is_one_parent_with_curves_at_its_training_s
         assert sorted(m.step for m in c.get_metric_history(parent.info.run_id, key)) == [1633, 5037], key
     acc = c.get_metric_history(parent.info.run_id, "train/acc")  # checkpoints/fixed/metrics.jsonl, at the trainer's steps
     assert len(acc) > 10 and max(m.step for m in acc) >= 5000 and all(m.step % 50 == 0 for m in acc)
-    again = evaluate(tmp_path, "drafter.step=all", *FAST)  # nothing new: both steps skipped, no child added
+    again = evaluate(tmp_path, "drafter=fixed", "drafter.step=all", *FAST)  # nothing new: both steps skipped, no child added
     assert again.returncode == 0 and "0 step(s) evaluated, 2 already in its parent" in again.stdout, again.stderr[-3000:]
 
 
@@ -49,7 +49,7 @@ def test_the_python_api_gives_the_clis_tau(tmp_path, monkeypatch):
     import dflash
     from dflash import tracking
 
-    r = evaluate(tmp_path, "drafter.step=1633", *FAST)
+    r = evaluate(tmp_path, "drafter=fixed", "drafter.step=1633", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     c = tracking.mlflow_client(f"sqlite:///{tmp_path}/mlflow.db")
     (cli,) = c.search_runs([e.experiment_id for e in c.search_experiments()])
