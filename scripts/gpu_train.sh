@@ -16,9 +16,9 @@
 # Rounds (their logs in scripts/results/): train_h100_2026-12-06.log (one layer, the bugs, the DFlash2 twin, a
 # two-layer probe); train_h100_2026-12-06b.log: call 4 with VARIANTS="[fixed,fixed-l4,fixed-l4-dflash2]" STEPS=4400
 # GEN_MIN=3 MAX_MIN=8.7 EXPORTS="[1000,2000,3000]", call 5 with the same and GEN_MIN=0.01 MAX_MIN=6.6.
-# A continuation (docs/training.md; not run yet): a warm start (INIT=1: .gpu/init/<variant>/step_<N>/, e.g. round b's exports
-# from `make drafters`, carried by a call, holds the exports it starts from) on prompts the earlier round did not reach
-# (OFFSET), then BENCH=1 on it. docs/training.md also gives the staging in two calls (the tree's large folders moved out).
+# train_h100_2026-12-07.log: a continuation, a warm start (INIT=1: .gpu/init/<variant>/step_<N>/, round b's exports from
+# `make drafters`, carried by a call, holds the exports it starts from) on prompts round b did not reach (OFFSET), then
+# BENCH=1 on it; staged in two calls with the tree's large folders moved out (docs/training.md).
 # Env: MAX_MIN (minutes from the process start), STEPS (schedule length), LR, VARIANTS, GEN_MIN, OFFSET (data.prompt_offset),
 # INIT, EXPORTS, EXTRA (a
 # regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"); after training, BENCH=1 (the

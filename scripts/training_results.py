@@ -91,10 +91,13 @@ def paired_fresh(text: str, metric: str = "acceptance_length/fresh") -> list[str
 
 
 def train_rows(text: str) -> dict[tuple[str, int], tuple[str, str, str]]:
-    """(variant, step) -> (loss, acc_1, tf_tau) as the trainer's metrics lines print them."""
+    """(variant, step) -> (loss, acc_1, tf_tau) as the trainer's metrics lines print them. A `# names: a=b ...` line
+    in the log's header renames trainer variant a to b, the name its exports were evaluated under (a warm-started
+    continuation's exports, kept apart from the earlier round's of the same variant)."""
+    names = dict(kv.split("=", 1) for m in re.finditer(r"^# names: (.+)$", text, re.M) for kv in m.group(1).split())
     out = {}
     for m in re.finditer(r"\[(\S+)\] step (\d+)/\d+ loss ([\d.]+) acc [\d.]+ acc_1 ([\d.]+) tf_tau ([\d.]+)", text):
-        out[(m.group(1), int(m.group(2)))] = (m.group(3), m.group(4), m.group(5))
+        out[(names.get(m.group(1), m.group(1)), int(m.group(2)))] = (m.group(3), m.group(4), m.group(5))
     return out
 
 

@@ -79,7 +79,7 @@ def test_default_evaluation_logs_everything(tmp_path):
 
 
 def test_two_job_sweep_is_one_parent_with_two_children(tmp_path):
-    r = evaluate(tmp_path, "-m", "drafter=fixed", "drafter.step=1633,5037", "scores=true", "progress=false", *FAST)  # two steps of the shipped fixed run
+    r = evaluate(tmp_path, "-m", "drafter=fixed", "drafter.step=1633,5037", "scores=true", "progress=false", *FAST)  # two steps of one run
     assert r.returncode == 0, r.stderr[-3000:]
     assert "features:" not in r.stderr and "replay:" not in r.stderr  # progress=false: no stage lines
     all_runs = runs(tmp_path)
