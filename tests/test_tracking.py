@@ -140,6 +140,26 @@ def test_a_new_store_appears_whole_or_not_at_all(tmp_path, monkeypatch):
         store.open_store(f"sqlite:///{broken}")
 
 
+def test_a_store_created_meanwhile_is_kept_under_its_open_client(tmp_path, monkeypatch):
+    """A client that opens the store outside store_lock while this process builds it under a temporary name: its
+    store is kept (not swapped under its connection, which SQLite would then refuse to write through)."""
+    from dflash.tracking import store
+
+    db, real, other = tmp_path / "mlflow.db", store.mlflow_client, []
+
+    def meanwhile(uri):
+        if not other:
+            other.append(real(f"sqlite:///{db}"))  # the other process's client creates the store first
+            other[0].create_experiment("other")
+        return real(uri)
+
+    monkeypatch.setattr(store, "mlflow_client", meanwhile)
+    store.open_store(f"sqlite:///{db}")
+    other[0].create_experiment("still writable")
+    assert {e.name for e in real(f"sqlite:///{db}").search_experiments()} >= {"other", "still writable"}
+    assert [p.name for p in tmp_path.iterdir()] == ["mlflow.db"]
+
+
 def test_unwritable_store_is_a_tracking_error(tmp_path):
     from dflash.util.errors import TrackingError
 

@@ -84,12 +84,17 @@ def store_lock(uri: str) -> Iterator[None]:
 
 
 def _create_sqlite_store(path: Path) -> None:
-    """A new SQLite store is built under a temporary name and renamed into place: a process killed while MLflow
-    creates its tables (seconds) leaves no half-built store that every later run would fail to open."""
+    """A new SQLite store is built under a temporary name and linked into place: a process killed while MLflow
+    creates its tables (seconds) leaves no half-built store that every later run would fail to open. Linked, not
+    renamed: a store another process created meanwhile (a client opened outside store_lock) is kept, never swapped
+    under its open connection (SQLite then refuses that connection's writes: "attempt to write a readonly database")."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")  # unique: MLflow caches a store per URI
     try:
         mlflow_client(f"sqlite:///{tmp}").search_experiments(max_results=1)
-        os.replace(tmp, path)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # created meanwhile: that one is used
     finally:
         tmp.unlink(missing_ok=True)
 
