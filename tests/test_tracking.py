@@ -134,6 +134,14 @@ def test_a_new_store_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     store.open_store(f"sqlite:///{db}").search_experiments()
     assert [p.name for p in tmp_path.iterdir()] == ["mlflow.db"]
 
+    def no_hard_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")  # e.g. some network or FUSE filesystems
+
+    monkeypatch.setattr(store.os, "link", no_hard_links)
+    renamed = tmp_path / "renamed.db"
+    store.open_store(f"sqlite:///{renamed}").search_experiments()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "renamed.db"]
+
     broken = tmp_path / "broken.db"
     broken.write_bytes(b"not a database" * 100)
     with pytest.raises(TrackingError, match="cannot open the MLflow store .*move it aside"):

@@ -95,6 +95,9 @@ def _create_sqlite_store(path: Path) -> None:
             os.link(tmp, path)
         except FileExistsError:
             pass  # created meanwhile: that one is used
+        except OSError:  # a filesystem without hard links: renamed, unless one was created meanwhile
+            if not path.exists():
+                os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
