@@ -234,7 +234,9 @@ def test_samples_page_renders_its_colours_and_runs_no_prompt_script(ui):
     frame.locator("span.acc").first.wait_for()
     colours = {cls: frame.locator(f".text span.{cls}").first.evaluate("e => getComputedStyle(e).backgroundColor") for cls in ("acc", "rej", "bonus")}
     assert len(set(colours.values())) == 3 and "rgba(0, 0, 0, 0)" not in colours.values(), colours  # three colours, none transparent
-    assert frame.locator(".legend .acc").is_visible() and frame.locator(".legend .bonus").is_visible()
+    assert frame.locator(".legend .acc:not(.sel)").is_visible() and frame.locator(".legend .bonus").is_visible()
+    if frame.locator(".text span.sel").count():  # a DFlash2 drafter: its selector's choices are marked and explained
+        assert frame.locator(".legend .acc.sel").is_visible()
     assert frame.get_by_text("τ =").first.is_visible()
     # the hostile prompt is shown as text: no element from it, nothing it ran
     assert frame.get_by_text("<script>document.title='pwned'</script>").count() >= 1
