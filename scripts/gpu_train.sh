@@ -20,7 +20,7 @@
 # `make drafters`, carried by a call, holds the exports it starts from) on prompts round b did not reach (OFFSET), then
 # BENCH=1 on it; staged in two calls with the tree's large folders moved out (docs/training.md).
 # Env: MAX_MIN (minutes from the process start), STEPS (schedule length), LR, VARIANTS, GEN_MIN, OFFSET (data.prompt_offset),
-# INIT, EXPORTS, EXTRA (a
+# INIT, INIT_VARIANT (every variant starts from .gpu/init/<INIT_VARIANT>/: one export carried for all), EXPORTS, EXTRA (a
 # regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"); after training, BENCH=1 (the
 # bench on BENCH_VARIANT's exports, default fixed; BENCH_SKIP its sections skipped, BENCH_ARGS e.g. --online-eager), CURVE=1 (tau by step of CURVE_VARIANTS' exports, default fixed), EVAL2=1 (the
 # newest export of EVAL2_VARIANT, default fixed-dflash2, as `drafter=hf`); their logs and outputs come back in logs.tgz.
@@ -56,7 +56,8 @@ train)
     data.max_gen_minutes=${GEN_MIN:-4} data.chat_prompt_tokens=384 \
     tracking.enabled=false out_dir=$R/runs export_dir=$R/ckpt "export_steps=${EXPORTS:-[]}" \
     save_every=100000 cache_dir=$R/cache max_minutes=${MAX_MIN} optim.lr=${LR:-1e-3} data.prompt_offset=${OFFSET:-0} \
-    $( [ "${INIT:-0}" = 1 ] && echo init_from=$R/init ) > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
+    $( [ "${INIT:-0}" = 1 ] && echo init_from=$R/init ) $( [ -n "${INIT_VARIANT:-}" ] && echo init_variant=$INIT_VARIANT ) \
+    > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
   grep -E "data:|variant |step [0-9]+/|stopping|Error|error" $OUT/train.log | tail -80 || true
   cd $R; cp $OUT/train.log runs/ 2>/dev/null || true; rm -f $OUT/train.log
   tar czf $OUT/metrics.tgz $(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true)

@@ -58,7 +58,7 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
 
 def test_warm_start_takes_an_exports_weights_and_refuses_another_shape(target, seqs, tmp_path):
     """init_from: a variant with no checkpoint starts from the latest export of the same variant (step 0 of a
-    new schedule); an export of another shape is refused with the field named."""
+    new schedule), or with init_variant of that variant for all; an export of another shape is refused with the field named."""
     from safetensors.torch import load_file
 
     from dflash.util.errors import ConfigError
@@ -76,6 +76,14 @@ def test_warm_start_takes_an_exports_weights_and_refuses_another_shape(target, s
         T.train(tiny_cfg(tmp_path / "c", optim={"steps": 2}, drafter={"num_layers": 2}, init_from=init), target=target)
     with pytest.raises(ConfigError, match="no export of variant loss_dilution"):
         T.train(tiny_cfg(tmp_path / "d", optim={"steps": 2}, variants=["loss_dilution"], init_from=init), target=target, seqs=seqs)
+    # init_variant: every variant starts from that one variant's export (a bug entering a run midway)
+    T.train(tiny_cfg(tmp_path / "e", optim={"steps": 3}, variants=["fixed", "loss_dilution"], init_from=init, init_variant="fixed",
+                     stop_after=0), target=target, seqs=seqs)
+    for v in ("fixed", "loss_dilution"):
+        e = load_file(str(tmp_path / "e" / "ckpt" / v / "step_0" / "model.safetensors"))
+        assert e.keys() == a.keys() and all(torch.equal(a[k], e[k]) for k in a)
+    with pytest.raises(ConfigError, match="init_variant=fixed: .*set init_from="):
+        T.train(tiny_cfg(tmp_path / "f", optim={"steps": 2}, init_variant="fixed"), target=target)
 
 
 def test_shape_variants_share_one_lockstep_run(target, seqs, tmp_path):

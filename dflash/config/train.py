@@ -98,6 +98,8 @@ class TrainConfig:
     stop_after: Optional[int] = None  # stop (and checkpoint) after this step; the schedule keeps optim.steps
     # warm start: a variant with no checkpoint starts from <init_from>/<variant>/step_<N>/ (an export, the latest N), new optimizer and schedule
     init_from: Optional[str] = None
+    # with init_from: every variant starts from <init_from>/<init_variant>/ instead (one export for all: bugs that enter a run midway)
+    init_variant: Optional[str] = None
 
 
 @dataclass
@@ -145,3 +147,6 @@ def check(cfg: Any) -> None:
         raise ConfigError(f"optim.selector_loss_alpha={o.selector_loss_alpha}: must be >= 0")
     if float(o.noise_std) < 0:
         raise ConfigError(f"optim.noise_std={o.noise_std}: must be >= 0 (0: no augmentation noise)")
+    if cfg.init_variant and not cfg.init_from:
+        raise ConfigError(f"init_variant={cfg.init_variant}: it names a variant's exports under init_from; set init_from=<an earlier run's "
+                          "export_dir> too, or drop init_variant")

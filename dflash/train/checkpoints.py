@@ -7,7 +7,7 @@
   `export_steps`, the last step and a stop.
 A run resumes from the latest checkpoint.pt of its folder: weights, optimizer, step, counters. A
 run with none may start warm (`init_from`): the weights of an earlier run's latest export of the
-same variant, a new optimizer, step 0 of its own schedule.
+same variant (or of `init_variant`, for every variant), a new optimizer, step 0 of its own schedule.
 """
 
 from __future__ import annotations
@@ -65,13 +65,16 @@ def try_resume(rs: RunState, device: torch.device) -> None:
     rs.tokens, rs.time = int(meta.get("tokens", 0)), float(meta.get("time", 0.0))
 
 
-def warm_start(rs: RunState, init_from: str) -> Path:
-    """Load the latest export <init_from>/<variant>/step_<N>/ into rs.model -> that folder."""
-    root = Path(init_from).expanduser() / rs.variant.name
+def warm_start(rs: RunState, init_from: str, init_variant: str | None = None) -> Path:
+    """Load the latest export <init_from>/<variant>/step_<N>/ into rs.model -> that folder; with `init_variant`,
+    that variant's export whatever rs's variant is."""
+    name = init_variant or rs.variant.name
+    root = Path(init_from).expanduser() / name
     steps = [s for s in list_steps(root) if (root / f"step_{s}" / "config.json").is_file()]
     if not steps:
-        raise ConfigError(f"init_from={init_from}: no export of variant {rs.variant.name} ({root}/step_<N>/config.json); "
-                          "point init_from at an earlier run's export_dir, or drop it to start from random weights")
+        raise ConfigError(f"init_from={init_from}: no export of variant {name} ({root}/step_<N>/config.json); "
+                          "point init_from at an earlier run's export_dir (and init_variant at a variant it holds), "
+                          "or drop it to start from random weights")
     folder = root / f"step_{steps[-1]}"
     sd, _ = read_hf_folder(folder)
     try:

@@ -109,7 +109,7 @@ def start_runs(cfg: Any, target: Any, device: torch.device) -> list[RunState]:
         rs = RunState(v, model, make_optimizer(model, cfg.optim, device), Path(cfg.out_dir) / v.name)
         rs.run_dir.mkdir(parents=True, exist_ok=True)
         try_resume(rs, device)
-        init = warm_start(rs, cfg.init_from) if rs.step == 0 and cfg.init_from else None
+        init = warm_start(rs, cfg.init_from, cfg.init_variant) if rs.step == 0 and cfg.init_from else None
         runs.append(rs)
         log.info(
             "variant %s: bugs %s, taps %s, %.2fM params, start at step %d%s",
