@@ -31,8 +31,8 @@ import torch
 
 from dflash import pipeline, record
 from dflash.config.schema import EvalConfig, StepSelection, experiment_name
-from dflash.models.checkpoint_files import checkpoint_file
-from dflash.models.weights import sha256_file
+from dflash.models.checkpoint_files import checkpoint_files
+from dflash.models.weights import checkpoint_sha256
 from dflash.report import console
 from dflash.report.samples import samples_of
 from dflash.report.training_run import stall_text, training_run_markdown
@@ -124,8 +124,8 @@ class Series:
         """Whether a finished child holds this step's checkpoint (matched by digest; a step rewritten since is new)."""
         if f.step not in finished.values():
             return False
-        path = checkpoint_file(f.path)
-        return path is not None and sha256_file(path) in finished
+        files = checkpoint_files(f.path)
+        return bool(files) and checkpoint_sha256(files) in finished
 
     def evaluate_step(self, f: StepFolder) -> None:
         cfg = dataclasses.replace(self.cfg, drafter=dataclasses.replace(self.cfg.drafter, step=f.step), follow=False)

@@ -404,3 +404,33 @@ def test_a_run_folder_kept_in_the_git_history_says_make_drafters(tmp_path, monke
     (tmp_path / "other").mkdir()
     with pytest.raises(CheckpointError, match=r"holds no step_<N>/ folders; is drafter.run_dir right"):
         checkpoint_files.resolve_step(tmp_path / "other", None)
+
+
+def test_a_sharded_checkpoint_is_identified_by_every_shard(qwen3_target, drafter, tmp_path):
+    """A folder of several safetensors loads whole, and its digest covers every shard: a change to the second
+    shard alone is a new checkpoint; a single-file folder keeps its file's plain sha256."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
+    from dflash.models.checkpoint import read_drafter
+
+    folder = tmp_path / "hf"
+    save_hf_folder(drafter, folder)
+    whole = read_drafter("hf", "one", path=str(folder))
+    one = whole.digest.result(timeout=30)
+    assert one == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    sd = load_file(str(folder / "model.safetensors"))
+    names = sorted(sd)
+    (folder / "model.safetensors").unlink()
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        save_file({n: sd[n] for n in part}, str(folder / f"model-0000{i + 1}-of-00002.safetensors"))
+    first = read_drafter("hf", "sharded", path=str(folder))
+    assert first.state_dict.keys() == whole.state_dict.keys()
+    assert all(torch.equal(first.state_dict[k], whole.state_dict[k]) for k in whole.state_dict)
+    assert first.digest.result(timeout=30) != one
+    last = folder / "model-00002-of-00002.safetensors"
+    part = load_file(str(last))
+    n = sorted(part)[0]
+    save_file({**part, n: part[n] + 1}, str(last))
+    assert read_drafter("hf", "changed", path=str(folder)).digest.result(timeout=30) != first.digest.result(timeout=30)

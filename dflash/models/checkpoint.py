@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dflash.models.checkpoint_files import read_hf_folder, read_training_pickle, resolve_step
+from dflash.models.checkpoint_files import checkpoint_files, read_hf_folder, read_training_pickle, resolve_step
 from dflash.models.dflash2_config import check_dflash2_vocab, parse_dflash2
 from dflash.models.drafter import DFlashDrafter
 from dflash.models.drafter_config import DrafterConfig, build_target_layer_ids, parse_config
@@ -56,7 +56,7 @@ class DrafterSource:
     name: str  # for run names: "<drafter>@step_<N>"
     step: int | None
     path: str | None
-    digest: Future[str] | None  # the checkpoint file's sha256, computed in a thread (weights.sha256_later); kind=init: None
+    digest: Future[str] | None  # the checkpoint's sha256 over all its files, in a thread (weights.sha256_later); kind=init: None
     config: DrafterConfig | None  # kind=init: None until fitted
     state_dict: dict[str, torch.Tensor] | None  # kind=init: None
     warnings: list[str] = field(default_factory=list)
@@ -154,7 +154,7 @@ def read_drafter(
         log.warning("drafter: %s", w)
     cfg = codebook_vocab(cfg, sd)
     check_weights(cfg, sd, str(where))
-    digest_src = where if where.is_file() else next(iter(sorted(where.glob("*.safetensors"))))
+    digest_src = where if where.is_file() else checkpoint_files(where)  # a sharded folder: every shard
     return DrafterSource(kind, name, step, str(where), sha256_later(digest_src), cfg, sd, warns)
 
 

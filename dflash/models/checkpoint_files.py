@@ -84,12 +84,12 @@ def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
 TEMP_NAME = re.compile(r"\.tmp(-|$)|\.(incomplete|partial|part)$")  # a writer's file not yet renamed into place
 
 
-def checkpoint_file(folder: Path) -> Path | None:
-    """The file a step folder's digest is taken of: checkpoint.pt, else its first safetensors (None: neither)."""
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The files a step folder's digest is taken of (weights.checkpoint_sha256): checkpoint.pt, else every
+    safetensors shard in name order (empty: neither)."""
     if (folder / "checkpoint.pt").is_file():
-        return folder / "checkpoint.pt"
-    st = sorted(folder.glob("*.safetensors"))
-    return st[0] if st else None
+        return [folder / "checkpoint.pt"]
+    return sorted(folder.glob("*.safetensors"))
 
 
 def _safetensors_short(path: Path) -> str | None:

@@ -10,7 +10,8 @@
   passes through (SIGTERM's `Terminated` included); one left by a hard kill is removed by the next
   conversion on this host.
 - `check_finite`: NaN or inf in any weight is refused, naming the tensor (`all_finite`: one min/max reduction).
-- `sha256_later`: a file's sha256 in a thread (a drafter checkpoint's digest, needed only when the run is recorded).
+- `checkpoint_sha256` / `sha256_later`: a drafter checkpoint's digest over every one of its files (now, or in a
+  thread: it is needed only when the run is recorded).
 """
 
 from __future__ import annotations
@@ -32,18 +33,28 @@ from dflash.util.progress import log, track
 # --- sources and their identity ------------------------------------------------------------------
 
 
-def sha256_later(path: Path) -> Future[str]:
-    """sha256_file in a thread from now (hashlib and file reads release the GIL): a drafter's digest
+def checkpoint_sha256(paths: Path | list[Path]) -> str:
+    """A checkpoint's digest: one file's sha256; for a sharded checkpoint the sha256 of its shards' names and
+    sha256s in name order, so a change to any shard changes it (one file keeps its plain sha256)."""
+    paths = [paths] if isinstance(paths, Path) else sorted(paths, key=lambda p: p.name)
+    if len(paths) == 1:
+        return sha256_file(paths[0])
+    return hashlib.sha256("".join(f"{p.name}\0{sha256_file(p)}\n" for p in paths).encode()).hexdigest()
+
+
+def sha256_later(paths: Path | list[Path]) -> Future[str]:
+    """checkpoint_sha256 in a thread from now (hashlib and file reads release the GIL): a drafter's digest
     (3.7 GB at 27B) is needed only when the run is recorded, so it overlaps the load and the replay."""
     fut: Future[str] = Future()
 
     def work() -> None:
         try:
-            fut.set_result(sha256_file(path))
+            fut.set_result(checkpoint_sha256(paths))
         except BaseException as e:  # the reader sees it when it asks for the digest
             fut.set_exception(e)
 
-    threading.Thread(target=work, name=f"sha256 {path.name}", daemon=True).start()
+    name = paths.name if isinstance(paths, Path) else paths[0].parent.name
+    threading.Thread(target=work, name=f"sha256 {name}", daemon=True).start()
     return fut
 
 
