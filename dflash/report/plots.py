@@ -84,10 +84,10 @@ def commit_hist_png(c: Counters, title: str = "") -> bytes:
     tau = acceptance_length(c)
     if tau is not None:  # undefined without a verify step
         ax.axvline(tau, color="#c44e52", ls="--", label=f"τ = {tau:.3f} (mean tokens per step)")
+        ax.legend(fontsize=8)
     ax.set_xticks(x)
     ax.set_xlabel("tokens committed by a verify step (accepted drafted tokens + 1 bonus; 1 = none accepted)")
     ax.set_ylabel("verify steps")
-    ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(f"{title + ': ' if title else ''}commit histogram, {c.steps} verify steps", fontsize=10)
     return _png(fig)
