@@ -29,6 +29,7 @@ import inspect
 import json
 import random
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -152,8 +153,6 @@ def _source(obj: Any, max_lines: int = 24) -> str | None:
 
 def stdlib_items(modules: list[str] = STDLIB_MODULES) -> list[dict[str, Any]]:
     """Public functions, classes and methods of the listed modules, sorted by qualified name."""
-    import warnings
-
     items: dict[str, dict[str, Any]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -179,7 +178,9 @@ def coding_prompts(rng: random.Random) -> list[str]:
     out = []
     for it in stdlib_items():
         obj, qual, name = it["obj"], it["qual"], it["name"]
-        summary = _summary(inspect.getdoc(obj)) if it["kind"] == "class" or callable(obj) else None
+        with warnings.catch_warnings():  # reading a deprecated alias's docs (typing.io) warns
+            warnings.simplefilter("ignore", DeprecationWarning)
+            summary = _summary(inspect.getdoc(obj)) if it["kind"] == "class" or callable(obj) else None
         if it["kind"] == "class":
             if summary:
                 for t in rng.sample(CLASS_TEMPLATES, 2):
