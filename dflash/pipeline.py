@@ -29,7 +29,7 @@ from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
 from dflash.stages.prompt_lookup import PromptLookup, lookup_replay, yardstick
 from dflash.stages.prompts import Prompt, load_prompts, render
 from dflash.stages.references import ReferenceOptions, ReferenceStats, check_references, drop_references, get_references
-from dflash.stages.replay import ReplayOptions, prepare, replay_group
+from dflash.stages.replay import ReplayOptions, auto_chunk, prepare, replay_group
 from dflash.stages.result import EvalResult, PromptResult, RunInfo
 from dflash.stages.run_checks import check_measured, prompt_format, thinking_warning, window_warning
 from dflash.stages.served import served_metrics
@@ -172,10 +172,11 @@ def run_name(d: DrafterSchema, step: int | None = None) -> str:
 def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prompts: list[Prompt], ids: list[list[int]],
                    refs: list[list[int]], timings: dict[str, float]) -> list[PromptResult]:
     """Features (one truncated target pass per prompt + reference, or the feature cache) then the
-    replay, in groups of prompts whose drafter context K/V fit replay.context_gb (`all` mode: one prompt
-    per group; the taps are dropped once a prompt's K/V exist, so features are never all held at once)."""
+    replay, in groups of prompts whose drafter context K/V fit replay.context_gb (`all` mode: as many
+    prompts as one drafter pass's anchors, anchors_per_chunk; the taps are dropped once a prompt's K/V
+    exist, so features are never all held at once)."""
     layer_ids, rp = drafter.model.cfg.target_layer_ids, cfg.replay
-    chunk = int(cfg.anchors_per_chunk or (256 if target.device.type == "cuda" else 32))
+    chunk = int(cfg.anchors_per_chunk or auto_chunk(drafter.model.cfg, target.device.type, target.dtype.itemsize))
     opt = ReplayOptions(rp.mode(target.device.type == "cuda"), rp.tf_stride, chunk, cfg.attention.drafter, cfg.scores)
     fstats, out, group = FeatureStats(), [], []
     feats = iter_features(target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features))
@@ -201,7 +202,8 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
             with timed(timings, "replay"):
                 seq = prepare(drafter.model, target, x, r, f.taps(layer_ids))  # the taps [T, n*H] -> the drafter's context K/V
             group.append(((p, x, r), seq))
-            if opt.anchors == "all" or sum(s.nbytes for _, s in group) >= rp.context_gb * 1e9 or len(group) >= chunk:
+            full = sum(s.T - 1 - s.first for _, s in group) >= chunk if opt.anchors == "all" else len(group) >= chunk  # anchors / prompts
+            if full or sum(s.nbytes for _, s in group) >= rp.context_gb * 1e9:
                 flush(bar)
         if group:
             flush(bar)

@@ -81,6 +81,25 @@ def test_lockstep_group_equals_one_prompt_at_a_time(qwen3_target, case):
         assert [(b.anchor_pos, b.proposal, b.unary) for b in bt] == [(b.anchor_pos, b.proposal, b.unary) for b in ba]
 
 
+@pytest.mark.parametrize("scores", [False, True])
+def test_prompts_packed_in_one_pass_equal_one_prompt_per_pass(qwen3_target, case, monkeypatch, scores):
+    """`all`: the prompts in one drafter pass, its LM head in pieces of one anchor, and each prompt alone over
+    passes of 3 anchors: the same walk, unary walk and teacher-forced counters (unary top-1, top-k recall)."""
+    from dflash.stages import drafts
+
+    drafter, items = case
+    split = [run(qwen3_target, drafter, [it], anchors="all", chunk=3, scores=scores)[0] for it in items]
+    packed = run(qwen3_target, drafter, items, anchors="all", chunk=1000, scores=scores)
+    monkeypatch.setattr(drafts, "HEAD_BYTES", 1)
+    pieces = run(qwen3_target, drafter, items, anchors="all", chunk=1000, scores=scores)
+    for (cs, bs), (cp, bp), (cq, bq) in zip(split, packed, pieces):
+        for c, b in ((cp, bp), (cq, bq)):
+            assert loop_counters(c) == loop_counters(cs) and c.unary_committed == cs.unary_committed and tf(c) == tf(cs)
+            assert [(x.anchor_pos, x.proposal, x.unary) for x in b] == [(x.anchor_pos, x.proposal, x.unary) for x in bs]
+            if scores:
+                assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(cs.tf_conf, rel=1e-5)
+
+
 def test_identity_dflash2_replays_as_dflash(qwen3_target, make_drafter, case):
     """Identity convolutions, zero successor codebook: DFlash's counters, and the unary walk is the walk (gain 0)."""
     _, items = case

@@ -81,6 +81,34 @@ def test_visited_equals_all(qwen3_target, cases, which, stride, chunk, scores):
             assert cv.tf_nll == pytest.approx(ce.tf_nll, rel=1e-5) and cv.tf_conf == pytest.approx(ce.tf_conf, rel=1e-5)
 
 
+def test_passes_pack_whole_prompts_and_split_long_ones():
+    from dflash.stages.drafts import _passes
+
+    assert _passes([40, 25, 0, 33], 100) == [[(0, 0, 40), (1, 0, 25)], [(3, 0, 33)]]  # 3 x 40 > 100: the third starts a pass
+    assert _passes([5, 12, 3], 8) == [[(0, 0, 5)], [(1, 0, 8)], [(1, 8, 12)], [(2, 0, 3)]]  # 2 x 5 > 8; 12 > 8: split alone
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["full", "sliding"])
+@pytest.mark.parametrize("scores, see_anchor", [(False, False), (True, False), (False, True)])
+def test_prompts_packed_in_one_pass_equal_one_prompt_per_pass(qwen3_target, cases, monkeypatch, which, scores, see_anchor):
+    """`all`: the group's prompts in one drafter pass (a large anchors_per_chunk: how CUDA runs a small drafter),
+    its LM head in pieces of one anchor, and each prompt alone split over passes of 3 anchors: the same counters,
+    teacher-forced counters and blocks."""
+    from dflash.stages import drafts
+
+    drafter, items = cases[which]
+    split = [run(qwen3_target, drafter, [it], anchors="all", chunk=3, scores=scores, see_anchor=see_anchor)[0] for it in items]
+    packed = run(qwen3_target, drafter, items, anchors="all", chunk=1000, scores=scores, see_anchor=see_anchor)
+    monkeypatch.setattr(drafts, "HEAD_BYTES", 1)
+    pieces = run(qwen3_target, drafter, items, anchors="all", chunk=1000, scores=scores, see_anchor=see_anchor)
+    for (cs, bs), (cp, bp), (cq, bq) in zip(split, packed, pieces):
+        for c, b in ((cp, bp), (cq, bq)):
+            assert loop_counters(c) == loop_counters(cs) and (c.tf_correct, c.tf_total) == (cs.tf_correct, cs.tf_total)
+            assert [(x.anchor_pos, x.accepted, x.proposal) for x in b] == [(x.anchor_pos, x.accepted, x.proposal) for x in bs]
+            if scores:
+                assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(cs.tf_conf, rel=1e-5)
+
+
 def test_stride_counts_every_sth_anchor(qwen3_target, cases):
     drafter, items = cases[0]
     full = run(qwen3_target, drafter, items, anchors="all")

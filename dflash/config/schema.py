@@ -274,7 +274,7 @@ class EvalConfig:
     cache_dir: str = ".cache"
     seed: int = 0
     num_samples: int = 3  # sample generations printed and logged in full
-    anchors_per_chunk: Optional[int] = None  # anchors per drafter pass; null: 32 on CPU, 256 on CUDA
+    anchors_per_chunk: Optional[int] = None  # anchors per drafter pass; null: 32 on CPU, on CUDA >= 256 by the drafter's size (drafts.auto_chunk)
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
     scores: bool = False  # also the reference token's NLL and the drafter's confidence (~30% more replay on CPU)
     progress: bool = True  # stage lines and progress bars (dflash.util.progress); false: warnings only

@@ -2,8 +2,10 @@
 
 - `prepare`: a prompt + reference's context K/V, once per sequence (`ReplaySeq`); every block reads a prefix.
 - `drafter_hidden`: one drafter pass over one block per row (context lengths rounded to CTX_ROUND).
-- `draft_anchors`: the proposals at given anchors (`Drafts`), opt.chunk per pass, through
-  dflash.models.dflash2's proposal rule: the argmax for DFlash; for DFlash2 the selector's walk, beside
+- `draft_many` (`draft_anchors` for one sequence): the proposals at given anchors (`Drafts`), opt.chunk
+  anchors per drafter pass, whole sequences packed into one pass while they fit (a pass launches the same
+  kernels for one row or many: on a GPU a pass's cost is mostly its launches), the LM head over at most
+  HEAD_BYTES of logits at a time; through dflash.models.dflash2's proposal rule: the argmax for DFlash; for DFlash2 the selector's walk, beside
   the unary argmax and the unary top-k from the same pass (no second replay), and with `scores` the
   NLL of the reference token and the top-1 probability (of the transformed unary logits for DFlash2).
 - `lazy_proposals` (the visited mode): the LM head only on the slot groups of HEAD_GROUPS that a walk
@@ -17,16 +19,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from dflash.models.dflash2 import propose_logits, transform, unary_candidates, walk
-from dflash.models.drafter import DFlashDrafter
+from dflash.models.drafter import DFlashDrafter, DrafterConfig
 from dflash.models.target import Target
 from dflash.util.errors import NumericsError
 
 CTX_ROUND = 64  # context lengths of a drafter pass rounded up to this: attention kernels see a few shapes, not one per step
 KV = list[tuple[Tensor, Tensor]]  # per drafter layer: context keys, values [S, Hkv, T, D]
 HEAD_GROUPS = (1, 2, 4, 8)  # LM-head slot groups of the visited mode: slots 1, 2-3, 4-7, 8-15
+PASS_BYTES = 1 << 27  # auto anchors per pass on CUDA: about this many bytes of one layer's activations (B x (hidden + intermediate))
+HEAD_BYTES = 1 << 31  # the LM head's logits held at once (anchors x (B-1) x vocab)
+
+
+def auto_chunk(cfg: DrafterConfig, device_type: str, elem: int) -> int:
+    """Anchors per drafter pass (`anchors_per_chunk: null`): 32 on a CPU; on CUDA at least 256, more for a
+    small drafter (PASS_BYTES), so that a pass holds several whole prompts."""
+    if device_type != "cuda":
+        return 32
+    return max(256, PASS_BYTES // (cfg.block_size * (cfg.hidden_size + cfg.intermediate_size) * elem))
 
 
 @dataclass(frozen=True)
@@ -98,31 +111,92 @@ def _cat(parts: list[Tensor | None]) -> Tensor | None:
     return None if not parts or parts[0] is None else torch.cat(parts)
 
 
+def padded_kv(seqs: list[ReplaySeq]) -> KV:
+    """The sequences' context K/V stacked, zero-padded to the longest: [S, Hkv, Tmax, D] per layer
+    (padding is never visible: a block sees positions below its anchor)."""
+    if len(seqs) == 1:
+        return seqs[0].kv
+    Tmax = max(s.T for s in seqs)
+    out = []
+    for layer in range(len(seqs[0].kv)):
+        pair = [x.new_zeros((len(seqs), x.shape[1], Tmax, x.shape[3])) for x in seqs[0].kv[layer]]
+        for i, s in enumerate(seqs):
+            k, v = s.kv[layer]
+            pair[0][i, :, : s.T], pair[1][i, :, : s.T] = k[0], v[0]
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def _passes(counts: list[int], chunk: int) -> list[list[tuple[int, int, int]]]:
+    """Anchors per sequence -> drafter passes of (sequence, first, end) spans: whole sequences packed while
+    (sequences x the longest) stays within chunk, a sequence longer than chunk split over passes of its own."""
+    out: list[list[tuple[int, int, int]]] = []
+    cur: list[tuple[int, int, int]] = []
+    for i, n in enumerate(counts):
+        if n == 0:
+            continue
+        if cur and (n > chunk or (len(cur) + 1) * max(n, *(e for _, _, e in cur)) > chunk):
+            out.append(cur)
+            cur = []
+        if n > chunk:
+            out += [[(i, lo, min(lo + chunk, n))] for lo in range(0, n, chunk)]
+        else:
+            cur.append((i, 0, n))
+    return out + ([cur] if cur else [])
+
+
+def _propose(drafter: DFlashDrafter, target: Target, h: Tensor, anchor_tok: Tensor, ref: Tensor | None, opt: ReplayOptions
+             ) -> dict[str, Tensor | None]:
+    """Slot states h [R, B-1, H] -> the proposal columns of `Drafts` (ref [R, B-1]: the reference after each anchor, with scores)."""
+    R, K, _ = h.shape
+    d2 = drafter.cfg.dflash2
+    logits = drafter.logits(target.lm_head, h.reshape(R * K, -1))  # [R*K, V]; 2-D: a 3-D strided input takes a slow bmm path
+    p = propose_logits(drafter, logits.view(R, K, -1), h, anchor_tok)
+    out: dict[str, Tensor | None] = {"tokens": p.tokens, "unary": None if d2 is None else p.unary, "topk": p.topk, "nll": None, "conf": None}
+    if opt.scores and ref is not None:
+        z = logits.float() if d2 is None else transform(logits, d2)
+        lse = z.logsumexp(-1)  # [R*K]: log p = logit - lse, no second [.., V] tensor
+        out["conf"] = (z.max(-1).values - lse).exp().view(R, K)
+        out["nll"] = (lse - z.gather(-1, ref.reshape(-1, 1).to(z.device))[:, 0]).view(R, K)
+    return out
+
+
 @torch.no_grad()
+def draft_many(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], anchors: list[Tensor], opt: ReplayOptions) -> list[Drafts]:
+    """Proposals at the given anchors of each sequence (sorted positions [A_i]) -> `Drafts` per sequence."""
+    B, d2 = drafter.cfg.block_size, drafter.cfg.dflash2
+    k = torch.arange(1, B, device=seqs[0].ids.device) if seqs else None
+    cols: list[dict[str, list]] = [{n: [] for n in ("tokens", "unary", "topk", "nll", "conf")} for _ in seqs]
+    head_rows = max(1, HEAD_BYTES // ((B - 1) * target.vocab_size * (4 if opt.scores else target.dtype.itemsize)))  # anchors per LM-head call
+    for spans in _passes([len(a) for a in anchors], opt.chunk):
+        N = max(e - lo for _, lo, e in spans)
+        anc = torch.stack([F.pad(anchors[i][lo:e], (0, N - (e - lo)), value=int(anchors[i][lo])) for i, lo, e in spans])  # [S, N]
+        tok = torch.stack([seqs[i].ids[a] for (i, _, _), a in zip(spans, anc)])  # [S, N]
+        h = drafter_hidden(drafter, target, tok, anc, padded_kv([seqs[i] for i, _, _ in spans]), opt.backend, opt.see_anchor)
+        n = torch.tensor([e - lo for _, lo, e in spans], device=anc.device)
+        real = torch.arange(N, device=anc.device)[None] < n[:, None]  # [S, N]: the padding rows repeat a first anchor
+        ref = None
+        if opt.scores:  # the reference after each anchor (slots past the end: the last token)
+            ref = torch.stack([seqs[i].ids[(a[:, None] + k).clamp(max=seqs[i].T - 1)] for (i, _, _), a in zip(spans, anc)])[real]
+        h, anc_tok = h[real.to(h.device)], tok[real]  # [R, B-1, H], [R]
+        parts = [_propose(drafter, target, h[r : r + head_rows], anc_tok[r : r + head_rows], None if ref is None else ref[r : r + head_rows], opt)
+                 for r in range(0, h.shape[0], head_rows)]
+        sizes = n.tolist()
+        for name in cols[0]:
+            if parts[0][name] is None:
+                continue
+            for (i, _, _), x in zip(spans, torch.cat([q[name] for q in parts]).split(sizes)):
+                cols[i][name].append(x)
+    empty = torch.empty((0, B - 1), device=target.device)
+    return [Drafts(*(_cat(c[n]) for n in ("tokens", "unary", "topk", "nll", "conf"))) if c["tokens"] else
+            Drafts(empty.long(), empty.long() if d2 else None, empty.long()[..., None] if d2 else None,
+                   empty if opt.scores else None, empty if opt.scores else None)
+            for c in cols]
+
+
 def draft_anchors(drafter: DFlashDrafter, target: Target, s: ReplaySeq, anchors: Tensor, opt: ReplayOptions) -> Drafts:
-    """Proposals at the given anchors (sorted positions, [A]), opt.chunk per drafter pass (`Drafts`)."""
-    B, T, d2 = drafter.cfg.block_size, s.T, drafter.cfg.dflash2
-    k = torch.arange(1, B, device=s.ids.device)
-    cols: dict[str, list] = {"tokens": [], "unary": [], "topk": [], "nll": [], "conf": []}
-    for a in anchors.split(opt.chunk) if len(anchors) else ():  # no anchor: a 1-token reference (EOS first)
-        N = a.shape[0]
-        h = drafter_hidden(drafter, target, s.ids[a][None], a[None], s.kv, opt.backend, opt.see_anchor)[0]  # [N, B-1, H]
-        logits = drafter.logits(target.lm_head, h.reshape(N * (B - 1), -1))  # [N*(B-1), V]; 2-D: a 3-D strided input takes a slow bmm path
-        p = propose_logits(drafter, logits.view(N, B - 1, -1), h, s.ids[a])
-        cols["tokens"].append(p.tokens)
-        cols["unary"].append(None if d2 is None else p.unary)
-        cols["topk"].append(p.topk)
-        if opt.scores:
-            z = logits.float() if d2 is None else transform(logits, d2)
-            lse = z.logsumexp(-1)  # [N*(B-1)]: log p = logit - lse, no second [.., V] tensor
-            ref = s.ids[(a[:, None] + k).clamp(max=T - 1)].reshape(-1, 1).to(z.device)  # [N*(B-1), 1]
-            cols["conf"].append((z.max(-1).values - lse).exp().view(N, B - 1))
-            cols["nll"].append((lse - z.gather(-1, ref)[:, 0]).view(N, B - 1))
-    if not cols["tokens"]:
-        empty = torch.empty((0, B - 1), device=target.device)
-        return Drafts(empty.long(), empty.long() if d2 else None, empty.long()[..., None] if d2 else None,
-                      empty if opt.scores else None, empty if opt.scores else None)
-    return Drafts(*(_cat(cols[n]) for n in ("tokens", "unary", "topk", "nll", "conf")))
+    """`draft_many` for one sequence."""
+    return draft_many(drafter, target, [s], [anchors], opt)[0]
 
 
 def lazy_greedy(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tensor) -> list[list[int]]:

@@ -11,8 +11,8 @@ reference. So the loop is index walking over proposals (`verify` is its one rule
         pos += commit
 
 `ReplayOptions.anchors` says which proposals are drafted (both give the same walk, counter for counter):
-- `all`: one batched drafter pass over *every* anchor position (`draft_anchors`), so every proposal the
-  loop could see exists, and teacher-forced accuracy comes from the same drafts.
+- `all`: batched drafter passes over *every* anchor position of a group of prompts (`draft_many`), so every
+  proposal the loop could see exists, and teacher-forced accuracy comes from the same drafts.
 - `visited` (`replay_visited`): only the anchors the loop visits (one in τ), drafted in
   lockstep over a group of prompts, with the LM head only over the slots the walk reads.
 Teacher-forced accuracy (slot k right whatever the earlier slots) counts every `tf_stride`-th anchor
@@ -49,10 +49,13 @@ from dflash.stages.drafts import (  # noqa: F401  (re-exported: the replay's dra
     Drafts,
     ReplayOptions,
     ReplaySeq,
+    auto_chunk,
     draft_anchors,
+    draft_many,
     drafter_hidden,
     lazy_greedy,
     lazy_proposals,
+    padded_kv,
     prepare,
 )
 from dflash.stages.metrics import Counters, count_step
@@ -134,9 +137,14 @@ def _stride(d: Drafts, st: int) -> Drafts:
     return Drafts(*(None if x is None else x[::st] for x in (d.tokens, d.unary, d.topk, d.nll, d.conf)))
 
 
-def replay_all(drafter: DFlashDrafter, target: Target, s: ReplaySeq, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
-    """The `all` mode on one sequence: draft every anchor, walk (DFlash2: also the unary argmax's walk), teacher-forced at the stride."""
-    d = draft_anchors(drafter, target, s, torch.arange(s.first, s.T - 1, device=s.ids.device), opt)
+def replay_all(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+    """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`), then walk each."""
+    drafts = draft_many(drafter, target, seqs, [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs], opt)
+    return [_walk_all(drafter, s, d, opt) for s, d in zip(seqs, drafts)]
+
+
+def _walk_all(drafter: DFlashDrafter, s: ReplaySeq, d: Drafts, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
+    """One prompt's walk over its drafts at every anchor (DFlash2: also the unary argmax's walk), teacher-forced at the stride."""
     seq, B = s.ids.tolist(), drafter.cfg.block_size
     c, blocks = replay(seq, s.first, d.tokens.tolist(), B, selector=d.unary is not None)
     if d.unary is not None:
@@ -149,20 +157,6 @@ def replay_all(drafter: DFlashDrafter, target: Target, s: ReplaySeq, opt: Replay
     return c, blocks
 
 
-def _padded(seqs: list[ReplaySeq]) -> KV:
-    """The sequences' context K/V stacked, zero-padded to the longest: [S, Hkv, Tmax, D] per layer
-    (padding is never visible: a block sees positions below its anchor)."""
-    Tmax = max(s.T for s in seqs)
-    out = []
-    for layer in range(len(seqs[0].kv)):
-        pair = [x.new_zeros((len(seqs), x.shape[1], Tmax, x.shape[3])) for x in seqs[0].kv[layer]]
-        for i, s in enumerate(seqs):
-            k, v = s.kv[layer]
-            pair[0][i, :, : s.T], pair[1][i, :, : s.T] = k[0], v[0]
-        out.append((pair[0], pair[1]))
-    return out
-
-
 @torch.no_grad()
 def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
     """The `visited` mode over a group of prompts: the teacher-forced anchors (stride) drafted per sequence,
@@ -171,14 +165,13 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq]
     own walk goes along in the same lockstep, its anchors drafted in the same passes."""
     B, dev, sel = drafter.cfg.block_size, seqs[0].ids.device, drafter.cfg.dflash2 is not None
     outs, known = [], []  # per prompt: (counters, blocks); {anchor: (proposal, unary)}
-    for s in seqs:
+    tfs = [torch.arange(s.first, s.T - 1, opt.tf_stride, device=dev) for s in seqs]
+    for s, tf, d in zip(seqs, tfs, draft_many(drafter, target, seqs, tfs, opt)):
         c = Counters(block_size=B, prompts=1, new_tokens=1, selector=sel)
-        tf = torch.arange(s.first, s.T - 1, opt.tf_stride, device=dev)
-        d = draft_anchors(drafter, target, s, tf, opt)
         _teacher_forced(s, d, c, opt.tf_stride)
         known.append(dict(zip(tf.tolist(), zip(d.tokens.tolist(), d.unary.tolist() if sel else [None] * len(tf)))))
         outs.append((c, []))
-    kv, ids = _padded(seqs), [s.ids.tolist() for s in seqs]
+    kv, ids = padded_kv(seqs), [s.ids.tolist() for s in seqs]
     pos = [s.first for s in seqs]
     upos = [s.first if sel else s.T for s in seqs]  # the unary walk (DFlash2); done from the start for DFlash
     ucount = [Counters(block_size=B) for _ in seqs]
@@ -220,5 +213,5 @@ def replay_group(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], 
     if opt.anchors not in ANCHOR_MODES:
         raise ValueError(f"replay anchors={opt.anchors!r}: use one of {ANCHOR_MODES}")
     if opt.anchors == "all":
-        return [replay_all(drafter, target, s, opt) for s in seqs]
+        return replay_all(drafter, target, seqs, opt)
     return replay_visited(drafter, target, seqs, opt)
