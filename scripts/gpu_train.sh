@@ -21,7 +21,8 @@
 # BENCH=1 on it; staged in two calls with the tree's large folders moved out (docs/training.md).
 # Env: MAX_MIN (minutes from the process start), STEPS (schedule length), LR, VARIANTS, GEN_MIN, OFFSET (data.prompt_offset),
 # INIT, INIT_VARIANT (every variant starts from .gpu/init/<INIT_VARIANT>/: one export carried for all), EXPORTS, EXTRA (a
-# regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"); after training, BENCH=1 (the
+# regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"), PACK (a regex: only the step folders
+# it matches come back, e.g. "^$" none, when four 24 MB exports would overrun one call's 64 MiB; `post` alone brings the rest); after training, BENCH=1 (the
 # bench on BENCH_VARIANT's exports, default fixed; BENCH_SKIP its sections skipped, BENCH_ARGS e.g. --online-eager), CURVE=1 (tau by step of CURVE_VARIANTS' exports, default fixed), EVAL2=1 (the
 # newest export of EVAL2_VARIANT, default fixed-dflash2, as `drafter=hf`); their logs and outputs come back in logs.tgz.
 set -euo pipefail
@@ -45,24 +46,11 @@ stage() {
   fi
   ls -la $R; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 }
-case $1 in
-stage) stage ;;
-train)
-  stage; cd $R/code
-  python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution,fixed-dflash2,fixed-l2,fixed-t5]}" \
-    optim.steps=${STEPS:-3200} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa optim.target_dtype=bfloat16 \
-    optim.max_seq_len=576 drafter.selector_rank=16 \
-    data.prompts_path=$R/prompts.jsonl data.num_prompts=100000 data.gen_batch_size=1024 data.shard_size=2048 \
-    data.max_gen_minutes=${GEN_MIN:-4} data.chat_prompt_tokens=384 \
-    tracking.enabled=false out_dir=$R/runs export_dir=$R/ckpt "export_steps=${EXPORTS:-[]}" \
-    save_every=100000 cache_dir=$R/cache max_minutes=${MAX_MIN} optim.lr=${LR:-1e-3} data.prompt_offset=${OFFSET:-0} \
-    $( [ "${INIT:-0}" = 1 ] && echo init_from=$R/init ) $( [ -n "${INIT_VARIANT:-}" ] && echo init_variant=$INIT_VARIANT ) \
-    > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
-  grep -E "data:|variant |step [0-9]+/|stopping|Error|error" $OUT/train.log | tail -80 || true
-  cd $R; cp $OUT/train.log runs/ 2>/dev/null || true; rm -f $OUT/train.log
+post() {  # after training: the metrics, the exports (PACK), then BENCH / CURVE / EVAL2
+  cd $R
   tar czf $OUT/metrics.tgz $(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true)
-  sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -V | tail -1; if [ -n "${EXTRA:-}" ]; then ls -d $v/step_* | grep -E "$EXTRA" || true; fi; done | sort -u)
-  python3 $R/code/scripts/pack_out.py $OUT $R $sel
+  sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -V | tail -1; if [ -n "${EXTRA:-}" ]; then ls -d $v/step_* | grep -E "$EXTRA" || true; fi; done | sort -u | grep -E "${PACK:-.}" || true)
+  [ -z "$sel" ] || python3 $R/code/scripts/pack_out.py $OUT $R $sel
   ls -la $OUT
   if [ "${BENCH:-0}" = 1 ]; then
     cd $R/code; bv=${BENCH_VARIANT:-fixed}; last=$(ls -d $R/ckpt/$bv/step_* | sort -V | tail -1)
@@ -85,5 +73,23 @@ train)
       hydra.run.dir=$R/evals/dflash2 > $R/logs/eval_dflash2_cuda.log 2>&1 || echo "EVAL2 FAILED: $?"
     grep -v "it/s\]$" $R/logs/eval_dflash2_cuda.log | tail -40 || true
   fi
-  cd $R && tar czf $OUT/logs.tgz logs evals 2>/dev/null || true ;;
+  cd $R && tar czf $OUT/logs.tgz logs evals 2>/dev/null || true
+}
+case $1 in
+stage) stage ;;
+train)
+  stage; cd $R/code
+  python3 -m dflash.train target.path=$GGUF "variants=${VARIANTS:-[fixed,noisy_labels,final_layer,loss_dilution,fixed-dflash2,fixed-l2,fixed-t5]}" \
+    optim.steps=${STEPS:-3200} optim.warmup_steps=150 optim.noise_std=0.3 optim.attention=sdpa optim.target_dtype=bfloat16 \
+    optim.max_seq_len=576 drafter.selector_rank=16 \
+    data.prompts_path=$R/prompts.jsonl data.num_prompts=100000 data.gen_batch_size=1024 data.shard_size=2048 \
+    data.max_gen_minutes=${GEN_MIN:-4} data.chat_prompt_tokens=384 \
+    tracking.enabled=false out_dir=$R/runs export_dir=$R/ckpt "export_steps=${EXPORTS:-[]}" \
+    save_every=100000 cache_dir=$R/cache max_minutes=${MAX_MIN} optim.lr=${LR:-1e-3} data.prompt_offset=${OFFSET:-0} \
+    $( [ "${INIT:-0}" = 1 ] && echo init_from=$R/init ) $( [ -n "${INIT_VARIANT:-}" ] && echo init_variant=$INIT_VARIANT ) \
+    > $OUT/train.log 2>&1 || echo "TRAIN FAILED: $?"
+  grep -E "data:|variant |step [0-9]+/|stopping|Error|error" $OUT/train.log | tail -80 || true
+  cd $R; cp $OUT/train.log runs/ 2>/dev/null || true; rm -f $OUT/train.log
+  post ;;
+post) stage; post ;;
 esac
