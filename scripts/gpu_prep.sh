@@ -4,7 +4,8 @@
 #   bash scripts/gpu_prep.sh        # after `make setup`
 # .gpu/whl               the wheels the GPU image lacks (hydra-core, omegaconf, antlr4 built with `pip wheel`, gguf,
 #                        fla-core + flash-linear-attention), for Python 3.12 x86-64
-# .gpu/p0..p3            the SmolLM2 GGUF, xz-compressed and split in 4 (one per call: the tree plus a part < 64 MiB)
+# .gpu/p0, p1           the SmolLM2 GGUF, xz-compressed and split in 2: p0 (56 MB) rides with the wheels and the prompts,
+#                        p1 (34 MB) with a 24 MB warm-start export (each call: the tree plus its carry < 64 MiB)
 # .gguf/p1..p2           the same GGUF split raw in 2, for scripts/gpu.sh
 # .gpu/q0..q1           the training prompts (python -m dflash.train.train_prompts OUT 90000 0), xz-compressed and
 #                        split in 2 (a part rides beside a GGUF part)
@@ -22,8 +23,8 @@ if ! ls .gpu/whl/flash_linear_attention-*.whl >/dev/null 2>&1; then
     gguf hydra-core==1.3.2 omegaconf==2.3.0 fla-core==0.6.0 flash-linear-attention==0.6.0
   python3 -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w .gpu/whl
 fi
-if [ ! -f .gpu/p3 ]; then
-  xz -6 -T2 -c "$GGUF" > .gpu/gguf.xz && split -n 4 -d -a 1 .gpu/gguf.xz .gpu/p && rm .gpu/gguf.xz
+if [ ! -f .gpu/p1 ]; then
+  xz -6 -T2 -c "$GGUF" > .gpu/gguf.xz && split -b 56000000 -d -a 1 .gpu/gguf.xz .gpu/p && rm .gpu/gguf.xz
 fi
 if [ ! -f .gguf/p2 ]; then
   split -n 2 -d -a 1 "$GGUF" .gguf/p && mv .gguf/p1 .gguf/p2 && mv .gguf/p0 .gguf/p1

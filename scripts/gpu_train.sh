@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The shipped drafter set's training on the lent GPU (device tool; docs/training.md), in calls of one lease.
-# Each call sends /work/main's tree (~41 MB) plus what it carries (64 MiB in all). Build what they carry, here,
-# once per checkout: `bash scripts/gpu_prep.sh` (.gpu/whl the wheels, .gpu/p0..p3 the SmolLM2 GGUF in xz parts,
-# .gpu/q0..q1 the training prompts in two parts, .gpu/tok.tar.xz SmolLM2's tokenizer). Then, each call within
-# 30 s of the last (the machine goes back after 30 s idle), every call copying the tree's code to the machine:
-#   1 `bash scripts/gpu_train.sh stage`  carry [.gpu/whl, .gpu/p0]     2 `... stage` carry [.gpu/p1, .gpu/tok.tar.xz]
-#   3 `... stage` carry [.gpu/p2, .gpu/q0]
-#   4 `VARIANTS=... STEPS=... GEN_MIN=... MAX_MIN=... bash scripts/gpu_train.sh train` carry [.gpu/p3, .gpu/q1]: joins and
+# Each call sends /work/main's tree plus what it carries (64 MiB in all). Build what they carry, here,
+# once per checkout: `bash scripts/gpu_prep.sh` (.gpu/whl the wheels, .gpu/p0, p1 the SmolLM2 GGUF in two xz parts,
+# .gpu/q0..q1 the training prompts in two parts, .gpu/tok.tar.xz SmolLM2's tokenizer), and move the tree's checkpoints/,
+# docs/ and scripts/results/ out for the lease (the tree then weighs ~1.4 MB). Then, each call within 30 s of the last
+# (the machine goes back after 30 s idle), every call copying the tree's code to the machine:
+#   1 `bash scripts/gpu_train.sh stage`  carry [.gpu/whl, .gpu/p0, .gpu/q0, .gpu/q1]
+#   2 `VARIANTS=... STEPS=... GEN_MIN=... MAX_MIN=... bash scripts/gpu_train.sh train` carry [.gpu/p1] (and a warm start's
+#     export, .gpu/init/<variant>, up to 24 MB): joins and
 #     checks the GGUF and the prompts, regenerates the data (data.max_gen_minutes), trains every variant in lockstep
 #     until MAX_MIN, packs the last export of each variant (scripts/pack_out.py: archives of <= 15 MiB, a larger
 #     export in parts) and the metrics and training log (metrics.tgz) into $OUT
-#   5 `GEN_MIN=0.01 ... train` (no carry, same machine): resumes from the checkpoints on the machine's disk (the
+#   3 `GEN_MIN=0.01 ... train` (no carry, same machine): resumes from the checkpoints on the machine's disk (the
 #     trainer resumes by itself), data from its cache
 # Here: `cat packN.tgz.* | tar xz` joins an export that came back in parts.
 # Rounds (their logs in scripts/results/): train_h100_2026-12-06.log (one layer, the bugs, the DFlash2 twin, a
@@ -40,9 +41,9 @@ stage() {
   fi
   if [ -d dflash ]; then rm -rf $R/code && mkdir $R/code && cp -r dflash conf scripts evaluate.py pyproject.toml $R/code/; fi  # the tree's code
   if [ -f .gpu/tok.tar.xz ]; then mkdir -p $R/tok && tar xJf .gpu/tok.tar.xz -C $R/tok; fi
-  if [ ! -f $GGUF ] && [ -f $R/p0 ] && [ -f $R/p1 ] && [ -f $R/p2 ] && [ -f $R/p3 ]; then
-    cat $R/p0 $R/p1 $R/p2 $R/p3 | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $GGUF
-    echo "$SHA  $GGUF" | sha256sum -c && rm $R/p?
+  if [ ! -f $GGUF ] && ls $R/p? >/dev/null 2>&1; then  # the parts carried so far: joined once they decompress to the GGUF
+    if cat $R/p? | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $GGUF.part 2>/dev/null \
+       && echo "$SHA  $GGUF.part" | sha256sum -c --quiet; then mv $GGUF.part $GGUF && rm $R/p?; else rm -f $GGUF.part; echo "gguf: not all parts yet"; fi
   fi
   ls -la $R; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 }
