@@ -128,9 +128,23 @@ def teacher_forced(
             setattr(c, name, add(getattr(c, name), torch.where(valid, x, 0.0).sum(0)))
 
 
-def _teacher_forced(s: ReplaySeq, d: Drafts, c: Counters, stride: int) -> None:
-    """teacher_forced over drafts made at every stride-th anchor from s.first."""
-    teacher_forced(s.ids, s.first, d.tokens, c, d.nll, d.conf, stride=stride, unary=d.unary, topk=d.topk)
+def _teacher_forced(s: ReplaySeq, ids: Tensor, d: Drafts, c: Counters, stride: int) -> None:
+    """teacher_forced over drafts made at every stride-th anchor from s.first (ids: s's ids where d is)."""
+    teacher_forced(ids, s.first, d.tokens, c, d.nll, d.conf, stride=stride, unary=d.unary, topk=d.topk)
+
+
+def _to_host(seqs: list[ReplaySeq], drafts: list[Drafts]) -> tuple[list[Tensor], list[Drafts]]:
+    """Every prompt's ids and drafts on the CPU in one copy per field, for the walks (host-side Python): on a GPU,
+    one synchronisation per field for the group instead of one per prompt and field."""
+    def host(xs: list[Tensor]) -> list[Tensor]:  # a prompt with no anchor keeps its own (empty) shape
+        full = [x for x in xs if len(x)]
+        parts = iter(torch.cat(full).cpu().split([len(x) for x in full]) if full else ())
+        return [next(parts) if len(x) else x.cpu() for x in xs]
+
+    names = ("tokens", "unary", "topk", "nll", "conf")
+    cols = [[getattr(d, n) for d in drafts] for n in names]
+    cols = [host(c) if c[0] is not None else c for c in cols]
+    return host([s.ids for s in seqs]), [Drafts(*row) for row in zip(*cols)]
 
 
 def _stride(d: Drafts, st: int) -> Drafts:
@@ -140,12 +154,14 @@ def _stride(d: Drafts, st: int) -> Drafts:
 def replay_all(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
     """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`), then walk each."""
     drafts = draft_many(drafter, target, seqs, [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs], opt)
-    return [_walk_all(drafter, s, d, opt) for s, d in zip(seqs, drafts)]
+    ids, drafts = _to_host(seqs, drafts)
+    return [_walk_all(drafter, s, i, d, opt) for s, i, d in zip(seqs, ids, drafts)]
 
 
-def _walk_all(drafter: DFlashDrafter, s: ReplaySeq, d: Drafts, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
-    """One prompt's walk over its drafts at every anchor (DFlash2: also the unary argmax's walk), teacher-forced at the stride."""
-    seq, B = s.ids.tolist(), drafter.cfg.block_size
+def _walk_all(drafter: DFlashDrafter, s: ReplaySeq, ids: Tensor, d: Drafts, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
+    """One prompt's walk over its drafts at every anchor (DFlash2: also the unary argmax's walk), teacher-forced at the
+    stride; ids and d on the host (`_to_host`)."""
+    seq, B = ids.tolist(), drafter.cfg.block_size
     c, blocks = replay(seq, s.first, d.tokens.tolist(), B, selector=d.unary is not None)
     if d.unary is not None:
         unary = d.unary.tolist()
@@ -153,7 +169,7 @@ def _walk_all(drafter: DFlashDrafter, s: ReplaySeq, d: Drafts, opt: ReplayOption
         c.unary_steps, c.unary_committed = cu.steps, cu.committed
         for b in blocks:
             b.unary = unary[b.anchor_pos - s.first]
-    _teacher_forced(s, _stride(d, opt.tf_stride), c, opt.tf_stride)
+    _teacher_forced(s, ids, _stride(d, opt.tf_stride), c, opt.tf_stride)
     return c, blocks
 
 
@@ -166,12 +182,13 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq]
     B, dev, sel = drafter.cfg.block_size, seqs[0].ids.device, drafter.cfg.dflash2 is not None
     outs, known = [], []  # per prompt: (counters, blocks); {anchor: (proposal, unary)}
     tfs = [torch.arange(s.first, s.T - 1, opt.tf_stride, device=dev) for s in seqs]
-    for s, tf, d in zip(seqs, tfs, draft_many(drafter, target, seqs, tfs, opt)):
+    host_ids, drafts = _to_host(seqs, draft_many(drafter, target, seqs, tfs, opt))
+    for s, i, tf, d in zip(seqs, host_ids, tfs, drafts):
         c = Counters(block_size=B, prompts=1, new_tokens=1, selector=sel)
-        _teacher_forced(s, d, c, opt.tf_stride)
-        known.append(dict(zip(tf.tolist(), zip(d.tokens.tolist(), d.unary.tolist() if sel else [None] * len(tf)))))
+        _teacher_forced(s, i, d, c, opt.tf_stride)
+        known.append(dict(zip(range(s.first, s.T - 1, opt.tf_stride), zip(d.tokens.tolist(), d.unary.tolist() if sel else [None] * len(tf)))))
         outs.append((c, []))
-    kv, ids = padded_kv(seqs), [s.ids.tolist() for s in seqs]
+    kv, ids = padded_kv(seqs), [i.tolist() for i in host_ids]
     pos = [s.first for s in seqs]
     upos = [s.first if sel else s.T for s in seqs]  # the unary walk (DFlash2); done from the start for DFlash
     ucount = [Counters(block_size=B) for _ in seqs]
