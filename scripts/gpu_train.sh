@@ -49,7 +49,7 @@ stage() {
 }
 post() {  # after training: the metrics, the exports (PACK), then BENCH / CURVE / EVAL2
   cd $R
-  tar czf $OUT/metrics.tgz $(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true)
+  m=$(ls runs/*/metrics.jsonl runs/*/summary.json runs/train.log 2>/dev/null || true); [ -z "$m" ] || tar czf $OUT/metrics.tgz $m
   sel=$(for v in ckpt/*; do ls -d $v/step_* | sort -V | tail -1; if [ -n "${EXTRA:-}" ]; then ls -d $v/step_* | grep -E "$EXTRA" || true; fi; done | sort -u | grep -E "${PACK:-.}" || true)
   [ -z "$sel" ] || python3 $R/code/scripts/pack_out.py $OUT $R $sel
   ls -la $OUT
