@@ -38,7 +38,7 @@ class Eval:
     fresh: str
     train_like: str
     leak_gain: str
-    extra: str  # DFlash2: the selector's lines
+    extra: str  # DFlash2: the selector's line (the log's; a compare log's MLflow block, where one exists, adds top-k recall)
 
 
 def parse_eval(text: str) -> Eval | None:
@@ -53,7 +53,8 @@ def parse_eval(text: str) -> Eval | None:
     shipped = "the shipped default" in text.splitlines()[0]
     name = head.group(1) + (" (shipped, earlier round)" if shipped else "")
     return Eval(name, int(head.group(2)), layers.group(1) if layers else "-", taps.group(1).replace(" ", "") if taps else "-",
-                tau.group(1), tau.group(2), sub.group(1) if sub else "-", sub.group(2) if sub else "-", leak.group(1) if leak else "-", "")
+                tau.group(1), tau.group(2), sub.group(1) if sub else "-", sub.group(2) if sub else "-", leak.group(1) if leak else "-",
+                selector_line(text))
 
 
 def humaneval_row(text: str) -> str | None:
@@ -63,9 +64,13 @@ def humaneval_row(text: str) -> str | None:
         return None
     table = text.split("pos   accept(cum)", 1)[-1]  # the per-slot table
     acc = re.findall(r"^\s*([123])\s+[\d.]+\s+[\d.]+\s+([\d.]+)", table, re.M)[:3]
+    return f"| {e.name} @{e.step} | {e.tau} ± {e.tau_se} | {' / '.join(a for _, a in acc) or '-'} | {e.extra or '-'} |"
+
+
+def selector_line(text: str) -> str:
+    """'unary τ U ± SE; selector gain G ± SE' from an evaluation log's DFlash2 line; '' for a DFlash drafter."""
     d2 = re.search(r"DFlash2: .*?unary τ \(argmax, no selector\) ([\d.]+) ± ([\d.]+)\s+selector gain ([+\-][\d.]+) ± ([\d.]+)", text)
-    return (f"| {e.name} @{e.step} | {e.tau} ± {e.tau_se} | {' / '.join(a for _, a in acc) or '-'} | "
-            + (f"unary τ {d2.group(1)} ± {d2.group(2)}; selector gain {d2.group(3)} ± {d2.group(4)}" if d2 else "-") + " |")
+    return f"unary τ {d2.group(1)} ± {d2.group(2)}; selector gain {d2.group(3)} ± {d2.group(4)}" if d2 else ""
 
 
 def selector_figures(text: str) -> dict[str, str]:
@@ -129,7 +134,7 @@ def round_section(date: str) -> list[str]:
     sel = selector_figures(cmp.read_text()) if cmp.is_file() else {}
     curve = tf_curve(rows)
     for e in evals:
-        e = Eval(**{**e.__dict__, "extra": sel.get(f"{e.name}@step_{e.step}", "")})
+        e = Eval(**{**e.__dict__, "extra": sel.get(f"{e.name}@step_{e.step}") or e.extra})
         lines.append(f"| {e.name} @{e.step} | {e.layers} | {e.taps} | {e.tau} ± {e.tau_se} | {e.fresh} | {e.train_like} | {e.leak_gain} | "
                      f"{train_at(rows, e.name, e.step)} | {e.extra or '-'} |")
     if curve:
