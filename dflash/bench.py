@@ -1,15 +1,17 @@
 """Benchmark: every cost ratio of the evaluator, measured in one run. Prints figures only.
 
-    python -m dflash.bench [--sweep 2] [--online 12] [--online-eager] [--skip generation,scale] [--scale qwen3_8b] [--scale-prompts N] [overrides...]
+    python -m dflash.bench [--sweep 2] [--sweep-profile] [--online 12] [--online-eager] [--skip generation,scale]
+                           [--scale qwen3_8b] [--scale-prompts N] [overrides...]
 
 Sections (each a ratio of two times or sizes measured here, in this run):
 1. `sweep`: one evaluation as a new process runs it (target loaded from its converted copy,
    references cached, features computed) against N checkpoints in one process as `-m drafter.step=..`
    runs them (the target loaded once, the features computed once); then a new process whose
    features are on disk, against the first run's feature time; then one more checkpoint with the
-   target loaded and the features in memory: the warm cost per checkpoint. Checkpoints: the N
-   latest steps of `drafter.run_dir` (the same one N times for other drafter kinds). Features are
-   computed in a fresh feature cache (the converted target and the references are shared).
+   target loaded and the features in memory: the warm cost per checkpoint (`--sweep-profile`: where its
+   host seconds go, cProfile). Checkpoints: the N latest steps of `drafter.run_dir` (the same one N
+   times for other drafter kinds). Features are computed in a fresh feature cache (the converted
+   target and the references are shared).
 2. `replay`: the replay stage in each mode (`replay.anchors` all | visited, `replay.tf_stride`) on the same
    features, interleaved, best of 3: seconds, the ratio to `all`, and that the loop's counters agree.
 3. `online`: the online draft-verify loop (speculative.py) against target-only decoding on the
@@ -99,7 +101,25 @@ def checkpoints(cfg: config_mod.EvalConfig, n: int) -> list[config_mod.EvalConfi
     return [replace(cfg, drafter=replace(d, step=s)) for s in steps]
 
 
-def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str, EvalResult, float]:
+def warm_profile(cfg: config_mod.EvalConfig, top: int = 30) -> list[str]:
+    """One more warm run under cProfile: host time by function, cumulative. On a GPU the waits for the device show
+    in the calls that synchronise (`.cpu()`, `.tolist()`, `.item()`), so the profile says host- or device-bound."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    pipeline.run(cfg)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(top)
+    return [line.replace(str(Path(__file__).resolve().parents[1]) + "/", "") for line in out.getvalue().splitlines() if line.strip()]
+
+
+def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str], profile: bool = False) -> tuple[str, EvalResult, float]:
     jobs = checkpoints(cfg, n)
     fresh_process(cfg)
     w1, r1 = timed_run(jobs[0])
@@ -130,6 +150,8 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str]) -> tuple[str
         + f"; outside the stages {warm - sum(rw.timings.values()):.3f})",
         f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over {int(r1.metrics['prompts'])} prompts",
     ]
+    if profile:
+        lines += ["  profile of one more warm run (cProfile, host seconds; --sweep-profile):", *("    " + x for x in warm_profile(jobs[-1]))]
     return "\n".join(lines), r1, warm
 
 
@@ -268,6 +290,7 @@ def main() -> None:
     ap.add_argument("--online-eager", action="store_true",
                     help="CUDA: the online section without inductor (CUDA graphs alone) and without transformers' static compiled "
                          "generate: no compile (minutes), for a short GPU call")
+    ap.add_argument("--sweep-profile", action="store_true", help="sweep: also a cProfile of one more warm run (where its seconds go)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, replay, online, generation, scale")
     ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES) + sorted(bench_scale.SHAPES),
                     help="the random target shape of the scale section")
@@ -306,7 +329,7 @@ def main() -> None:
         warm = sum(res.timings.get(k, 0.0) for k in ("load_drafter", "replay"))  # without --sweep: the warm cost, roughly
         report = [f"dflash.bench on {torch.get_num_threads()} CPU threads, torch {torch.__version__}, device {cfg.device.name}"]
         if "sweep" not in skip:
-            text, res, warm = sweep(cfg, a.sweep, a.overrides)
+            text, res, warm = sweep(cfg, a.sweep, a.overrides, a.sweep_profile)
             report.append(text)
             print(text, flush=True)
         for name, fn in (("replay", lambda: replay_modes(cfg)),

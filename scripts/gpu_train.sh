@@ -20,6 +20,8 @@
 # train_h100_2026-12-07.log: a continuation, a warm start (INIT=1: .gpu/init/<variant>/step_<N>/, round b's exports from
 # `make drafters`, carried by a call, holds the exports it starts from) on prompts round b did not reach (OFFSET), then
 # BENCH=1 on it; staged in two calls with the tree's large folders moved out (docs/training.md).
+# train_h100_2026-12-07b.log: the three bugs and their twin, all warm-started from the default's export (INIT_VARIANT), staged
+# in one call, trained in one, a `post` call for the other two exports and the bench.
 # Env: MAX_MIN (minutes from the process start), STEPS (schedule length), LR, VARIANTS, GEN_MIN, OFFSET (data.prompt_offset),
 # INIT, INIT_VARIANT (every variant starts from .gpu/init/<INIT_VARIANT>/: one export carried for all), EXPORTS, EXTRA (a
 # regex of step folders to bring back beside each variant's last, e.g. "fixed/step_1000$"), PACK (a regex: only the step folders

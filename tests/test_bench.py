@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_bench_prints_every_section(tmp_path, qwen3_dir):
     env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "dflash.bench", "--online", "2", "--online-eager", "--skip", "scale", "target=local", f"target.path={qwen3_dir}",
-           "drafter=init",
+    cmd = [sys.executable, "-m", "dflash.bench", "--online", "2", "--online-eager", "--sweep-profile", "--skip", "scale", "target=local",
+           f"target.path={qwen3_dir}", "drafter=init",
            "target.mask_token_id=3", "target.template.use_chat_template=false", "prompts.num_prompts=3", "prompts.max_new_tokens=12",
            "tracking.enabled=false"]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -25,6 +25,8 @@ def test_bench_prints_every_section(tmp_path, qwen3_dir):
     for line in ["sweep of 2 checkpoints", "x one run", "of the first run's", "warm per checkpoint", "online, batch 1", "x target-only",
                  "cheaper", "generation (cpu", "engine", "replay modes", "replay.anchors=visited replay.tf_stride=4"]:
         assert line in summary, (line, summary)
+    profile = summary.split("profile of one more warm run", 1)[1]
+    assert "cumulative" in profile and "dflash/pipeline.py" in profile and "(replay_prompts)" in profile  # the stage's own seconds
 
 
 @pytest.mark.slow
