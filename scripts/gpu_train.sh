@@ -13,6 +13,9 @@
 #     export in parts) and the metrics and training log (metrics.tgz) into $OUT
 #   3 `GEN_MIN=0.01 ... train` (no carry, same machine): resumes from the checkpoints on the machine's disk (the
 #     trainer resumes by itself), data from its cache
+# A bench without training: `stage` as in 1, then `PACK='^$' BENCH=1 BENCH_VARIANT=<name> BENCH_SKIP=replay,generation,scale
+# BENCH_ARGS="--online-eager --sweep-profile" bash scripts/gpu_train.sh post` carrying [.gpu/p1, .gpu/bench/<name>] (an export
+# folder <name>/step_<N>/, e.g. from `make drafters`).
 # Here: `cat packN.tgz.* | tar xz` joins an export that came back in parts.
 # Rounds (their logs in scripts/results/): train_h100_2026-12-06.log (one layer, the bugs, the DFlash2 twin, a
 # two-layer probe); train_h100_2026-12-06b.log: call 4 with VARIANTS="[fixed,fixed-l4,fixed-l4-dflash2]" STEPS=4400
@@ -38,6 +41,7 @@ stage() {
   fi
   for f in .gpu/p? .gpu/q?; do [ -f "$f" ] && cp "$f" $R/; done
   if [ -d .gpu/init ]; then mkdir -p $R/init && cp -r .gpu/init/* $R/init/; fi  # exports a warm start begins from (INIT=1)
+  if [ -d .gpu/bench ]; then mkdir -p $R/ckpt && cp -r .gpu/bench/* $R/ckpt/; fi  # exports benched without training (`post`, BENCH=1)
   if [ ! -f $R/prompts.jsonl ] && [ -f $R/q0 ] && [ -f $R/q1 ]; then
     cat $R/q0 $R/q1 | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $R/prompts.jsonl && rm $R/q?
   fi
