@@ -100,6 +100,22 @@ def test_prompts_packed_in_one_pass_equal_one_prompt_per_pass(qwen3_target, case
                 assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(cs.tf_conf, rel=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["all", "visited"])
+def test_a_prompt_with_no_anchor_walks_nothing_beside_others(qwen3_target, case, mode):
+    """A one-token reference leaves no anchor to draft at: in a group it takes no step, and the prompts beside
+    it walk as they do alone (the host copy of the group's drafts keeps its empty rows apart)."""
+    drafter, items = case
+    x, r, taps = items[0]
+    group = [items[1], (x, r[:1], taps[: len(x) + 1]), items[2]]
+    together = run(qwen3_target, drafter, group, anchors=mode, tf_stride=2, scores=True)
+    (c0, b0) = together[1]
+    assert c0.steps == 0 and b0 == [] and sum(c0.tf_total) == 0
+    for (ct, bt), it in zip((together[0], together[2]), (items[1], items[2])):
+        (ca, ba), = run(qwen3_target, drafter, [it], anchors=mode, tf_stride=2, scores=True)
+        assert loop_counters(ct) == loop_counters(ca) and ct.unary_committed == ca.unary_committed and tf(ct) == tf(ca)
+        assert [(b.anchor_pos, b.proposal, b.unary) for b in bt] == [(b.anchor_pos, b.proposal, b.unary) for b in ba]
+
+
 def test_identity_dflash2_replays_as_dflash(qwen3_target, make_drafter, case):
     """Identity convolutions, zero successor codebook: DFlash's counters, and the unary walk is the walk (gain 0)."""
     _, items = case
