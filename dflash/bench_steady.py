@@ -4,7 +4,8 @@ The first evaluation in a process pays for kernels compiled and autotuned (fla's
 engine's capture); every later one runs warm. `steady(cfg, taps)` runs the references stage again (a new
 engine regenerating every reference: `references.refresh`) and the features stage again (their memory memo
 and disk cache emptied), both timed as the pipeline times them; the features twice, one sequence per target
-pass and batched (`features.batch_tokens`), so one run says which the device prefers. `against_floors` holds
+pass and batched (`features.batch_tokens`), each after one untimed pass at its batching (a batch's new shapes compile
+and autotune fla's kernels anew), so one run says which the device prefers. `against_floors` holds
 each steady time against its floor on the same device (dflash/bench_floors.py): the feature pass against its linear
 layers' arithmetic at the GEMM rate, a decode step of the references against one read of the weights at
 the copy rate. `profiles` (`--scale-profile`) gives the top ops of a steady feature pass and of a few
@@ -23,13 +24,12 @@ import torch
 
 from dflash import pipeline
 from dflash.bench_floors import floors, top_ops
-from dflash.config.schema import EvalConfig
+from dflash.config.schema import BATCH_TOKENS_CUDA, EvalConfig
 from dflash.models.generator import decode_steps
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.turns import turn_of
 from dflash.util.memo import PROCESS
 
-BATCH_TOKENS = 16384  # features.batch_tokens when the steady features are timed batched beside one sequence per pass
 
 
 def sequences(prep: pipeline.Prepared) -> list[list[int]]:
@@ -40,29 +40,32 @@ def sequences(prep: pipeline.Prepared) -> list[list[int]]:
 def steady(cfg: EvalConfig, taps: list[int]) -> tuple[dict[str, Any], pipeline.Prepared]:
     """The references and features stages again in this process, kernels now compiled and autotuned: a new engine
     regenerating every reference (`references.refresh`), the features computed again with their memory memo and
-    disk cache emptied (as the first run found them), with the configured `features.batch_tokens` and then the other
-    batching (`_other_batching`). -> their timings, and what they prepared."""
+    disk cache emptied (as the first run found them), with the configured `features.batch_tokens` (resolved for the device)
+    and then the other batching (`_other_batching`). -> their timings, and what they prepared."""
     timings: dict[str, float] = {}
     prep = pipeline.prepare_run(pipeline.plan(replace(cfg, references=replace(cfg.references, refresh=True))), timings)
-    stats, other = _features_again(cfg, prep, taps, cfg.features.batch_tokens), _other_batching(cfg.features.batch_tokens)
+    bt = cfg.features.batch(prep.target.device.type == "cuda")
+    stats, other = _features_again(cfg, prep, taps, bt), _other_batching(bt)
     alt = _features_again(cfg, prep, taps, other)
     return dict(references=timings["references"], references_setup=timings.get("references_setup"), generated=prep.ref_stats.generated,
-                features=stats.seconds, feature_tokens=stats.computed_tokens, batch_tokens=cfg.features.batch_tokens,
+                features=stats.seconds, feature_tokens=stats.computed_tokens, batch_tokens=bt,
                 features_other=alt.seconds, batch_tokens_other=other), prep
 
 
 def _other_batching(batch_tokens: int | None) -> int | None:
     """The feature pass's other batching, timed beside the configured one: batched if it runs one sequence per pass, else not."""
-    return BATCH_TOKENS if batch_tokens is None else None
+    return BATCH_TOKENS_CUDA if batch_tokens is None else None
 
 
 def _features_again(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], batch_tokens: int | None) -> FeatureStats:
-    """The features stage again with its memory memo and disk cache emptied (as the first run found them)."""
-    PROCESS.memo("features").clear()
-    shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
-    stats = FeatureStats()
-    kw = {**vars(cfg.features), "batch_tokens": batch_tokens}
-    deque(iter_features(prep.target, sequences(prep), [taps], cfg.cache_dir, stats=stats, **kw), maxlen=0)
+    """The features stage again with its memory memo and disk cache emptied (as the first run found them), timed after one
+    untimed pass at this batching (its shapes' kernels compiled and autotuned, as in any later evaluation)."""
+    for _ in range(2):
+        PROCESS.memo("features").clear()
+        shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
+        stats = FeatureStats()
+        kw = {**vars(cfg.features), "batch_tokens": batch_tokens}
+        deque(iter_features(prep.target, sequences(prep), [taps], cfg.cache_dir, stats=stats, **kw), maxlen=0)
     return stats
 
 
@@ -109,8 +112,9 @@ def profiles(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], steps: i
         return lambda: deque(iter_features(t, sequences(prep), [taps], cfg.cache_dir, cache=False, chunk_tokens=fc.chunk_tokens,
                                            batch_tokens=bt), maxlen=0)
 
-    other = _other_batching(fc.batch_tokens)
-    out = {"feature pass": top_ops(feature_pass(fc.batch_tokens), t.device),
+    bt = fc.batch(t.device.type == "cuda")
+    other = _other_batching(bt)
+    out = {"feature pass": top_ops(feature_pass(bt), t.device),
            f"feature pass with features.batch_tokens={other}": top_ops(feature_pass(other), t.device)}
     loop = decode_loop(t, prep.ids[: cfg.references.batch_size], steps)
     if loop is not None:

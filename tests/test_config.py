@@ -279,6 +279,7 @@ def test_command_line_overrides_are_checked_before_hydra(args, bad):
                                                ("replay.anchors=some", "replay.anchors='some': use auto"),
                                                ("replay.tf_stride=0", r"replay.tf_stride=0: use 1"), ("replay.context_gb=0", "positive size"),
                                                ("features.batch_tokens=0", r"features.batch_tokens=0: use a positive number"),
+                                               ("features.batch_tokens=sometimes", r"features.batch_tokens='sometimes': .* or auto"),
                                                ("features.chunk_tokens=-3", r"features.chunk_tokens=-3: use a positive number"),
                                                ("features.memory_gb=-1", r"features.memory_gb=-1.0: use a size in GB")])
 def test_values_the_schema_refuses(override, message):
@@ -291,6 +292,18 @@ def test_values_the_schema_refuses(override, message):
     else:
         with pytest.raises(ConfigError, match=message):
             to_object(cfg)
+
+
+def test_features_batch_tokens_auto_batches_on_cuda_only():
+    """features.batch_tokens=auto (the default) runs one sequence per target pass on a CPU and batches on CUDA
+    (FeaturesConfig.batch, the bench's measurement); a number or null is taken as given on both."""
+    from dflash.config.schema import BATCH_TOKENS_CUDA, to_object
+
+    auto = to_object(_compose("config", [])).features
+    assert auto.batch_tokens == "auto" and auto.batch(cuda=False) is None and auto.batch(cuda=True) == BATCH_TOKENS_CUDA
+    for override, want in (("features.batch_tokens=4096", 4096), ("features.batch_tokens=null", None)):
+        fc = to_object(_compose("config", [override])).features
+        assert fc.batch(cuda=False) == fc.batch(cuda=True) == want
 
 
 def test_sweep_name_says_what_was_swept():

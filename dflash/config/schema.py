@@ -150,26 +150,36 @@ class ReferencesConfig:  # every references.* option, declared here only: dflash
     seed: int = 0  # sampled references: the noise of token p is keyed by (seed, prompt, p), whatever the batch
 
 
+BATCH_TOKENS_CUDA = 16384  # features.batch_tokens=auto on CUDA
+
+
 @dataclass
 class FeaturesConfig:
     cache: bool = True  # reuse tapped states: on disk across runs, in memory across the jobs of a -m sweep
     max_cache_gb: float = 10.0  # disk cap of <cache_dir>/features; least recently used files go first
     memory_gb: float = 2.0  # in-process cap
     chunk_tokens: Optional[int] = 1024  # positions per target pass on long sequences (bounds activations); null: one pass
-    batch_tokens: Optional[int] = None  # padded positions per target pass over consecutive sequences; null: one sequence per pass
-    # (slower on CPU: scripts/feature_batching.py; on CUDA the 27B bench times both: bench_steady)
+    batch_tokens: Any = "auto"  # padded positions per target pass over consecutive sequences; null: one sequence per pass; auto: `batch`
 
     def __post_init__(self) -> None:
         for name in ("chunk_tokens", "batch_tokens"):
             v = getattr(self, name)
-            if v is not None and v != "???" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and v != "???" and (isinstance(v, bool) or not isinstance(v, int) or v < 1) and (name, v) != ("batch_tokens", "auto"):
                 what = {"chunk_tokens": "tokens, or null for one pass",
-                        "batch_tokens": "padded tokens per target pass, or null for one sequence per pass"}[name]
+                        "batch_tokens": "padded tokens per target pass, null for one sequence per pass, or auto (batched on CUDA only)"}[name]
                 raise ConfigError(f"features.{name}={v!r}: use a positive number of {what}")
         for name in ("max_cache_gb", "memory_gb"):
             v = getattr(self, name)
             if v != "???" and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
+
+    def batch(self, cuda: bool) -> int | None:
+        """`batch_tokens` resolved, as measured (`python -m dflash.bench --scale`: the steady feature pass both ways): auto
+        batches on CUDA (one sequence per pass is bound by the host launching kernels, which batching divides by the batch)
+        and runs one sequence per pass on a CPU (the padding is computed and no launch is saved: scripts/feature_batching.py)."""
+        if self.batch_tokens == "auto":
+            return BATCH_TOKENS_CUDA if cuda else None
+        return self.batch_tokens
 
 
 @dataclass

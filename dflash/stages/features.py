@@ -17,7 +17,7 @@ and the taps, so they are cached by that content:
 Drafters with different taps share one forward: `iter_features(target, seqs, [taps_a, taps_b], ...)`
 taps the union and `Features.taps(taps_a)` slices per drafter.
 
-Sequences that need the target run in batches (`batch_tokens`: at most that many padded positions per
+Sequences that need the target run in batches on CUDA (`batch_tokens`: at most that many padded positions per
 pass, consecutive sequences right-padded to the longest; padding is harmless, the target being causal), so a
 GPU runs one forward per batch rather than per sequence: at the 27B shape the per-sequence pass was bound by
 the host launching kernels (dflash/bench_steady.py's profile). The caller still gets one sequence at a time
@@ -255,15 +255,16 @@ def iter_features(
     max_cache_gb: float = 10.0,
     memory_gb: float = 2.0,
     chunk_tokens: int | None = 1024,
-    batch_tokens: int | None = None,
+    batch_tokens: int | str | None = "auto",
     stats: FeatureStats | None = None,
 ) -> Iterator[Features]:
     """Tapped states of each sequence (token ids of prompt + reference) for the union of `layer_sets`
     (one layer list per drafter), in order, one at a time (so the caller never holds them all): from
     memory, from disk, or a truncated target pass for the layers neither holds, batched over the next
-    sequences that need the same (`batch_tokens`). `stats` (if given) is filled as it goes; `cache=False`:
-    compute everything, keep nothing."""
-    FeaturesConfig(cache, max_cache_gb, memory_gb, chunk_tokens, batch_tokens)  # each setting checked where the config is
+    sequences that need the same (`batch_tokens`; auto: by the device, `FeaturesConfig.batch`). `stats` (if given) is filled
+    as it goes; `cache=False`: compute everything, keep nothing."""
+    fc = FeaturesConfig(cache, max_cache_gb, memory_gb, chunk_tokens, batch_tokens)  # each setting checked where the config is
+    batch_tokens = fc.batch(target.device.type == "cuda")
     union = tuple(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
     if not union:
         raise ConfigError("the feature stage needs at least one tap layer")
