@@ -31,7 +31,6 @@ from dflash.stages.turns import turn_of
 from dflash.util.memo import PROCESS
 
 
-
 def sequences(prep: pipeline.Prepared) -> list[list[int]]:
     """What the feature pass runs over: every prompt + its reference."""
     return [x + r for x, r in zip(prep.ids, prep.refs)]
