@@ -111,3 +111,18 @@ def test_the_scale_bench_frees_its_random_model_before_the_child(tmp_path, monke
     bench_scale.release("cpu")
     bench_scale.release("cuda")
     assert emptied == [True]
+
+
+def test_the_scale_bench_reports_steady_costs_per_token_and_first_use_once():
+    """Per-token costs (the replay's ratio to the feature pass, the protocol's projection) come from the stages run again
+    in the child (steady), not from their first use, which pays compilation and autotuning once; without a steady run
+    they fall back to first use and nothing is counted once."""
+    from dflash.bench_scale import STEADY_REPLAY, _first_use, _per_token
+
+    r = dict(timings=dict(references=30.0, references_setup=20.0, features=12.0, replay=5.0), new_tokens=100, prompt_tokens=100,
+             steady=dict(references=6.0, references_setup=1.0, features=2.0), replay_modes={STEADY_REPLAY: 1.0})
+    pt = _per_token(r)
+    assert pt == dict(references=0.05, features=0.01, replay=0.01)  # (6 - 1) / 100, 2 / 200, 1 / 100
+    assert _first_use(r) == (10.0 - 5.0) + (12.0 - 2.0) + (5.0 - 1.0)  # references after set-up, features, replay
+    first = {k: v for k, v in r.items() if k not in ("steady", "replay_modes")}
+    assert _per_token(first) == dict(references=0.1, features=0.06, replay=0.05) and _first_use(first) == 0.0
