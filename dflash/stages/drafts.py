@@ -5,7 +5,8 @@
 - `draft_many` (`draft_anchors` for one sequence): the proposals at given anchors (`Drafts`), opt.chunk
   anchors per drafter pass, whole sequences packed into one pass while they fit (a pass launches the same
   kernels for one row or many: on a GPU a pass's cost is mostly its launches), the LM head over at most
-  HEAD_BYTES of logits at a time; through dflash.models.dflash2's proposal rule: the argmax for DFlash; for DFlash2 the selector's walk, beside
+  HEAD_BYTES of logits at a time; through dflash.models.dflash2's proposal rule: the argmax for DFlash;
+  for DFlash2 the selector's walk, beside
   the unary argmax and the unary top-k from the same pass (no second replay), and with `scores` the
   NLL of the reference token and the top-1 probability (of the transformed unary logits for DFlash2).
 - `lazy_proposals` (the visited mode): the LM head only on the slot groups of HEAD_GROUPS that a walk
@@ -19,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from dflash.models.dflash2 import propose_logits, transform, unary_candidates, walk
@@ -170,7 +170,7 @@ def draft_many(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], an
     head_rows = max(1, HEAD_BYTES // ((B - 1) * target.vocab_size * (4 if opt.scores else target.dtype.itemsize)))  # anchors per LM-head call
     for spans in _passes([len(a) for a in anchors], opt.chunk):
         N = max(e - lo for _, lo, e in spans)
-        anc = torch.stack([F.pad(anchors[i][lo:e], (0, N - (e - lo)), value=int(anchors[i][lo])) for i, lo, e in spans])  # [S, N]
+        anc = torch.stack([torch.cat([a, a[:1].expand(N - len(a))]) for a in (anchors[i][lo:e] for i, lo, e in spans)])  # [S, N], no sync
         tok = torch.stack([seqs[i].ids[a] for (i, _, _), a in zip(spans, anc)])  # [S, N]
         h = drafter_hidden(drafter, target, tok, anc, padded_kv([seqs[i] for i, _, _ in spans]), opt.backend, opt.see_anchor)
         n = torch.tensor([e - lo for _, lo, e in spans], device=anc.device)
