@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dflash import train as T
-from dflash.models.target import Target
-from dflash.stages.references import greedy_generate
+from dflash.models.target.model import Target
+from dflash.stages.references.collect import greedy_generate
 from dflash.train.data import TrainSeq
 from dflash.util.progress import configure
 

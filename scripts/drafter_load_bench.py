@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import torch
 
-from dflash.models.checkpoint import build_drafter, read_drafter
-from dflash.models.checkpoint_files import read_hf_folder, save_hf_folder
-from dflash.models.drafter import DFlashDrafter
-from dflash.models.drafter_config import DrafterConfig
-from dflash.models.weights import sha256_file
+from dflash.models.drafter.checkpoint import build_drafter, read_drafter
+from dflash.models.drafter.config import DrafterConfig
+from dflash.models.drafter.files import read_hf_folder, save_hf_folder
+from dflash.models.drafter.model import DFlashDrafter
+from dflash.models.target.weights import sha256_file
 
 SHAPE = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=24, num_key_value_heads=4, head_dim=256, block_size=16,
              mask_token_id=0, num_target_layers=64, rms_norm_eps=1e-6, max_position_embeddings=262144,

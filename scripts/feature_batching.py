@@ -5,7 +5,7 @@
 Random token sequences of the builtin set's lengths (prompt + reference: 150-330 tokens), taps [1, 14, 27], no cache;
 each setting timed interleaved with the others, best of 3, ratios to one sequence per pass from this run, and the
 largest difference of any state from the unbatched pass (padding and batch change only rounding). On a GPU the
-27B-shape bench times the same two settings (dflash/bench_steady.py).
+27B-shape bench times the same two settings (dflash/bench/steady.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo's dflash
-from dflash.models.target import load_target  # noqa: E402
+from dflash.models.target.model import load_target  # noqa: E402
 from dflash.stages.features import iter_features  # noqa: E402
 
 SETTINGS = (None, 4096, 16384)  # features.batch_tokens

@@ -5,7 +5,7 @@
 Target: random weights of SmolLM2-135M's shape (LlamaConfig: hidden 576, 30 layers, 9 heads, 3 KV
 heads, intermediate 1536, vocab 49152, tied embeddings), bfloat16. Drafter: the shipped weights
 (checkpoints/fixed/step_5037; on a random target τ is ~1, so the speed at τ 1.8 is predicted from
-the measured time per step, see dflash/online/speed.py). Prompts: random token ids, 20..120 long.
+the measured time per step, see dflash/bench/speed.py). Prompts: random token ids, 20..120 long.
 First checks (float32, tiny random Qwen3 and Qwen3.5 hybrid): engine with CUDA graphs == eager ==
 transformers' generate; the online loop == greedy. Then the benchmarks, most important first,
 each skipped once the time budget is spent. Everything lands in OUT/decode_bench.json as it comes.
@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from dflash.models.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
-from dflash.models.generator import generate  # noqa: E402
-from dflash.models.target import Target  # noqa: E402
+from dflash.bench.speed import bench_generation, bench_online, format_generation, format_online  # noqa: E402
+from dflash.models.drafter.model import DFlashDrafter, DrafterConfig  # noqa: E402
+from dflash.models.engine.generator import generate  # noqa: E402
+from dflash.models.target.model import Target  # noqa: E402
 from dflash.online.speculative import speculative_generate  # noqa: E402
-from dflash.online.speed import bench_generation, bench_online, format_generation, format_online  # noqa: E402
 from dflash.util.progress import configure  # noqa: E402
 
 RESULTS: dict = {}
@@ -79,8 +79,8 @@ def checks(dev: str) -> dict:
     from conftest import MASK_ID, make_tokenizer, qwen3_5_vl_config, qwen3_config
     from transformers import Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
 
-    from dflash.models.checkpoint import init_config
-    from dflash.models.target import load_target
+    from dflash.models.drafter.checkpoint import init_config
+    from dflash.models.target.model import load_target
 
     res = {}
     prompts = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22], [40, 41, 42, 43, 44, 45, 46, 47, 48]]

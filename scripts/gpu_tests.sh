@@ -2,7 +2,7 @@
 # The suite's CUDA cases on the lent GPU machine, in one call of the device tool, from the repo root:
 #   run(command="bash scripts/gpu_tests.sh", carry=[".gpu/whl"])
 # .gpu/whl: the wheels the machine lacks (hydra-core, omegaconf, antlr4, gguf, flash-linear-attention;
-# scripts/gpu.sh says how they were built). Installs them into /tmp/site once, then runs tests/test_cuda.py
+# scripts/gpu.sh says how they were built). Installs them into /tmp/site once, then runs tests/unit/test_cuda.py
 # (device agreement, docs/tests.md) and every other test skipped without CUDA, log in $OUT/gpu_tests.log.
 # Needs no mlflow (nothing these tests import reaches it) and no GGUF. Extra pytest arguments pass through
 # (e.g. `bash scripts/gpu_tests.sh -k flex`).
@@ -18,10 +18,10 @@ $PY -c "import sys, torch, transformers; print('python', sys.version.split()[0],
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))" 2>&1 | tee -a "$LOG"
 # the CUDA-only tests elsewhere in the suite (grep 'needs CUDA' tests/): node ids
 OTHERS=(
-  tests/test_decode.py::test_cuda_graphs_equal_eager
-  tests/test_drafter.py::test_flex_agrees_with_sdpa
-  tests/test_train.py::test_flex_and_dense_masks_give_the_same_loss
+  tests/unit/test_decode.py::test_cuda_graphs_equal_eager
+  tests/unit/test_drafter.py::test_flex_agrees_with_sdpa
+  tests/unit/test_train.py::test_flex_and_dense_masks_give_the_same_loss
 )
 # test_cuda.py first: its fp32 flex cases compile before any other test has run flex under other settings
 timeout 560 $PY -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=240 --durations=12 \
-  tests/test_cuda.py "${OTHERS[@]}" "$@" 2>&1 | tee -a "$LOG"
+  tests/unit/test_cuda.py "${OTHERS[@]}" "$@" 2>&1 | tee -a "$LOG"

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from dflash.models.target import load_target
+from dflash.models.target.model import load_target
 from dflash.train.data import build_sequences
 from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_last_hidden
 from dflash.train.train_prompts import build_prompts

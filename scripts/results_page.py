@@ -14,7 +14,7 @@ left out). Older logs without that header are taken as they are: date and machin
 (`<what>_<machine>_<YYYY-MM-DD>[_more].log`), their free-text `#` lines shown as notes. A log with no
 such lines is quoted by its last lines. A table or prose that exists only by hand goes in a dated
 `<topic>_<YYYY-MM-DD>.md` beside the logs, included verbatim under "Hand-written records"; any other file
-is listed, not quoted. tests/test_results_page.py fails while docs/results.md lags behind scripts/results/.
+is listed, not quoted. tests/unit/test_results_page.py fails while docs/results.md lags behind scripts/results/.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A round is a date, with a letter after it for a later round of that date (2026-1
 scripts/results/, per round:
 - `train_<machine>_<ROUND>.log`: the trainer's log (data lines, per-variant rows every metrics_every steps);
 - `eval_cpu_<ROUND>/*.log`: one `python evaluate.py` summary per drafter and step (builtin prompts);
-- `compare_cpu_<ROUND>.log`: `python -m dflash.compare` tables (paired gaps), copied verbatim;
+- `compare_cpu_<ROUND>.log`: `dflash-compare` tables (paired gaps), copied verbatim;
 - `humaneval_cpu_<ROUND>/*.log` and `compare_humaneval_cpu_<ROUND>.log`: the same on HumanEval-164;
 - `bench_*_<ROUND>.log`: the benches, named with their headers.
 Every figure on the page comes from those files; nothing is typed in by hand. The same run also rewrites the
@@ -84,7 +84,7 @@ def selector_figures(text: str) -> dict[str, str]:
 
 
 def paired_fresh(text: str, metric: str = "acceptance_length/fresh") -> list[str]:
-    """A table row per `python -m dflash.compare A B` block of a compare log: τ of A and B (on the fresh subset by
+    """A table row per `dflash-compare A B` block of a compare log: τ of A and B (on the fresh subset by
     default), the paired gap B - A with its SE and z (the block's `metric` line)."""
     rows = []
     for block in text.split("### python -m dflash.compare ")[1:]:
@@ -145,7 +145,7 @@ def round_section(date: str) -> list[str]:
         if pairs:
             lines += ["", "### What each change buys: τ on the fresh subset, paired by prompt (B - A)", "",
                       "| A | B | τ fresh A | τ fresh B | B - A ± SE | z |", "|---|---|---|---|---|---|", *pairs]
-        lines += ["", "### Paired gaps (python -m dflash.compare)", "", "```", cmp.read_text().rstrip(), "```"]
+        lines += ["", "### Paired gaps (dflash-compare)", "", "```", cmp.read_text().rstrip(), "```"]
     he = [r for r in (humaneval_row(p.read_text()) for p in sorted((RESULTS / f"humaneval_cpu_{date}").glob("*.log"))) if r]
     if he:
         lines += ["", "### τ on HumanEval-164 (CPU, greedy, 256 new tokens, fp32 target; `prompts=humaneval prompts.num_prompts=164`)", "",

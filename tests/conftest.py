@@ -2,21 +2,26 @@
 
 - `qwen3_dir` / `qwen3_target`: a 6-layer Qwen3 causal LM (hidden 64, vocab 256) saved with
   `save_pretrained` plus a tiny WordLevel tokenizer with a chat template, loaded through
-  `dflash.models.target.load_target('hf', ...)`.
+  `dflash.models.target.model.load_target('hf', ...)`.
 - `vl_dir` / `vl_full` / `vl_target`: a tiny Qwen3.5 vision-language checkpoint
   (`Qwen3_5ForConditionalGeneration`), loaded through `load_target('vlm_text', ...)`.
 - `make_drafter`: a factory for a tiny `DFlashDrafter` shaped for a target via
-  `dflash.models.checkpoint.init_config`.
+  `dflash.models.drafter.checkpoint.init_config`.
 
-Everything heavy is session-scoped: each model is built and saved once.
+Everything heavy is session-scoped: each model is built and saved once. Tests live in `unit/` (one part, tiny
+random models) and `e2e/` (a whole run through a command, or the real SmolLM2 target); a test file may take another's
+fixtures and helpers by name, whichever folder it is in, so both folders are on the import path.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+sys.path[:0] = [str(Path(__file__).parent / d) for d in ("unit", "e2e")]
 
 VOCAB = 256
 MASK_ID = 250  # a valid row of the tiny targets' embedding, used as the drafter's mask token
@@ -86,7 +91,7 @@ def qwen3_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen3_target(qwen3_dir):
-    from dflash.models.target import load_target
+    from dflash.models.target.model import load_target
 
     return load_target("hf", str(qwen3_dir), dtype="float32", device="cpu", attn="sdpa")
 
@@ -115,7 +120,7 @@ def vl_full(vl_full_and_dir):
 
 @pytest.fixture(scope="session")
 def vl_target(vl_dir):
-    from dflash.models.target import load_target
+    from dflash.models.target.model import load_target
 
     return load_target("vlm_text", str(vl_dir))
 
@@ -123,8 +128,8 @@ def vl_target(vl_dir):
 @pytest.fixture(scope="session")
 def make_drafter():
     """make_drafter(target, num_layers=2, num_taps=3, block_size=4, seed=0, std=0.02, **init_config kwargs)."""
-    from dflash.models.checkpoint import init_config
-    from dflash.models.drafter import DFlashDrafter
+    from dflash.models.drafter.checkpoint import init_config
+    from dflash.models.drafter.model import DFlashDrafter
 
     def make(target, num_layers: int = 2, num_taps: int = 3, block_size: int = 4, seed: int = 0, std: float = 0.02,
              mask_token_id: int = MASK_ID, target_layer_ids=None):

@@ -13,17 +13,17 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from dflash.models.checkpoint import LoadedDrafter, build_drafter, fit_drafter, read_drafter
-from dflash.models.drafter import DFlashDrafter
-from dflash.models.target import Target
+from dflash.models.drafter.checkpoint import LoadedDrafter, build_drafter, fit_drafter, read_drafter
+from dflash.models.drafter.model import DFlashDrafter
+from dflash.models.target.model import Target
 from dflash.stages.features import Features, FeatureStats, iter_features
 from dflash.stages.metrics import Counters
-from dflash.stages.replay import Block, ReplayOptions, ReplaySeq, draft_anchors, prepare, replay_group
+from dflash.stages.replay.loop import Block, ReplayOptions, ReplaySeq, draft_anchors, prepare, replay_group
 
 
 def load_drafter(target: Any, kind: str, name: str, run_dir: str | None = None, step: int | None = None, path: str | None = None,
                  overrides: dict[str, Any] | None = None, init: dict[str, Any] | None = None, sliding_window: str = "apply") -> LoadedDrafter:
-    """dflash.models.checkpoint's three phases at once: read, fit to the target, build."""
+    """dflash.models.drafter.checkpoint's three phases at once: read, fit to the target, build."""
     src = read_drafter(kind, name, run_dir=run_dir, step=step, path=path, overrides=overrides, init=init)
     return build_drafter(fit_drafter(src, target), sliding_window)
 

@@ -1,23 +1,20 @@
 """Typed config schemas (Hydra structured configs): what a composed config may hold.
 
-`conf/` holds one folder per group (target, drafter, prompts, attention, device, references);
+`dflash/conf/` holds one folder per group (target, drafter, prompts, attention, device, references);
 these dataclasses are their schemas, registered in Hydra's ConfigStore so a typo or a wrong
 type in a YAML file or an override fails at compose time. The schema is strict: a key it does
 not name is refused, `+key=value` included (Hydra's `+` would otherwise add it, and it would be
 silently ignored), with a message naming the nearest key. `to_object` turns a composed config into
-the typed `EvalConfig` the pipeline takes. This module and dflash.entry (the entry points' Hydra
+the typed `EvalConfig` the pipeline takes. This module and dflash.cli.app (the entry points' Hydra
 glue: job context, sweeps, exit policy) are the only places that know Hydra; the rest of the
 package takes plain values.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional, get_type_hints
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -90,7 +87,7 @@ class DrafterSchema:
 
 @dataclass
 class PromptsConfig:
-    source: str = MISSING  # builtin | jsonl | humaneval_complete | a benchmark (dflash/stages/benchmarks.py: gsm8k, mt_bench, ...)
+    source: str = MISSING  # builtin | jsonl | humaneval_complete | a benchmark (dflash/stages/prompts/benchmarks.py: gsm8k, mt_bench, ...)
     path: Optional[str] = None  # jsonl: the file; a benchmark: its local copy (file or hub-shaped folder); null: data_dir, else the hub
     data_dir: Optional[str] = None  # a benchmark: a folder holding <name>/ (or <hub id>/) local copies, e.g. for a suite
     num_prompts: Optional[int] = None
@@ -127,7 +124,7 @@ class DeviceConfig:
 
 
 @dataclass
-class ReferencesConfig:  # every references.* option, declared here only: dflash.stages.references.ReferenceOptions adds their checks
+class ReferencesConfig:  # every references.* option, declared here only: dflash.stages.references.collect.ReferenceOptions adds their checks
     source: str = "local"  # local | sglang | openai
     url: Optional[str] = None
     model: Optional[str] = None  # openai: the served model name
@@ -210,7 +207,7 @@ class ReplayConfig:
 @dataclass
 class PromptLookupConfig:
     """The yardstick beside every τ: prompt lookup, vLLM's `ngram` speculator, replayed on the same references
-    (dflash/stages/prompt_lookup.py). min / max are vLLM's prompt_lookup_min / prompt_lookup_max (here its own
+    (dflash/stages/replay/prompt_lookup.py). min / max are vLLM's prompt_lookup_min / prompt_lookup_max (here its own
     defaults when neither is set); its num_speculative_tokens is the drafter's B - 1."""
 
     enabled: bool = True
@@ -233,7 +230,7 @@ class TrackingConfig:
 
 
 @dataclass
-class WatchConfig:  # follow=true: how the run folder is watched (dflash/series.py, dflash/stages/watch.py)
+class WatchConfig:  # follow=true: how the run folder is watched (dflash/evaluation/series.py, dflash/runs/watch.py)
     poll_s: float = 10.0  # seconds between looks at drafter.run_dir
     settle_s: float = 5.0  # a complete-looking step folder is read once its files have not changed for this long (0: at once)
     quiet_s: Optional[float] = None  # end after this long without a new step; null: never (SIGTERM or last_step ends it)
@@ -247,7 +244,7 @@ class WatchConfig:  # follow=true: how the run folder is watched (dflash/series.
 
 
 @dataclass
-class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/stages/trainlog.py)
+class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/runs/trainlog.py)
     source: str = "auto"  # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard | mlflow | none
     path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
     uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
@@ -301,127 +298,6 @@ class EvalConfig:
     def series(self) -> bool:
         """Whether this evaluates a training run step by step (several steps, or follow=true): one MLflow parent per training run."""
         return self.follow or StepSelection.parse(self.drafter.step).many
-
-
-def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="eval_schema", node=EvalConfig)
-
-
-# --- the strict schema ---------------------------------------------------------------------------
-
-
-def _dataclass_of(tp: Any) -> type | None:
-    if dataclasses.is_dataclass(tp):
-        return tp  # type: ignore[return-value]
-    inner = [a for a in getattr(tp, "__args__", ()) if dataclasses.is_dataclass(a)]  # Optional[Schema]
-    return inner[0] if inner else None
-
-
-def unknown_keys(tree: dict[str, Any], schema: type, prefix: str = "") -> list[tuple[str, list[str]]]:
-    """Keys of a composed config (a plain dict) that its schema does not name -> [(dotted key, the keys the schema has there)]."""
-    hints, names = get_type_hints(schema), [f.name for f in dataclasses.fields(schema)]
-    out = []
-    for k, v in tree.items():
-        if k not in names:
-            out.append((prefix + k, names))
-        elif isinstance(v, dict) and (sub := _dataclass_of(hints[k])) is not None:
-            out += unknown_keys(v, sub, f"{prefix}{k}.")
-    return out
-
-
-def _unknown_key_error(bad: list[tuple[str, list[str]]]) -> ConfigError:
-    key, names = bad[0]
-    near = difflib.get_close_matches(key.rsplit(".", 1)[-1], names, n=1)
-    where = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    hint = f" (did you mean {where}{near[0]}?)" if near else ""
-    more = f"; also {', '.join(k for k, _ in bad[1:])}" if len(bad) > 1 else ""
-    return ConfigError(f"{key} is not a config key{hint}{more}. The keys {'of ' + where[:-1] if where else 'at the top'} are: {', '.join(names)} "
-                       "(schema: dflash/config/schema.py; it is strict: `+key=value` cannot add a key either)")
-
-
-def check_schema(cfg: Any, schema: type = EvalConfig) -> None:
-    """Refuse keys the schema does not name (a `+key=value` typo would otherwise be carried and ignored)."""
-    from omegaconf import OmegaConf
-
-    tree = OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)
-    tree.pop("hydra", None)  # type: ignore[union-attr]
-    bad = unknown_keys(tree, schema)  # type: ignore[arg-type]
-    if bad:
-        raise _unknown_key_error(bad)
-
-
-GLOBAL_GROUPS = ("suite",)  # conf/ groups at @package _global_: they set hydra.* (a sweep's parameters), no key of the schema
-
-
-def check_overrides(args: list[str], schema: type = EvalConfig) -> None:
-    """Refuse command-line overrides of keys the schema does not name, before Hydra composes anything
-    (its own message would suggest `+key=...`, which the strict schema refuses too)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
-    except Exception:
-        return  # malformed: Hydra says what is wrong with it
-    tree: dict[str, Any] = {}
-    for o in parsed:
-        parts = o.key_or_group.split(".")
-        if parts[0] == "hydra" or "/" in o.key_or_group or o.package or o.key_or_group in GLOBAL_GROUPS:
-            continue
-        node = tree
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}  # (a group choice `drafter=init` left None here)
-            node = node[part]
-        node.setdefault(parts[-1], None)
-    bad = unknown_keys(tree, schema)
-    if bad:
-        raise _unknown_key_error(bad)
-
-
-def to_container(cfg: Any) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
-
-
-def to_object(cfg: Any, schema: type = EvalConfig) -> Any:
-    """The composed Hydra config as its typed schema object (resolved, checked: an unknown key, a
-    ??? left unset, an interpolation that fails or a value a schema's __post_init__ refuses raises
-    ConfigError)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
-
-    check_schema(cfg, schema)
-    try:
-        return OmegaConf.to_object(cfg)
-    except MissingMandatoryValue as e:
-        raise ConfigError(f"{e.full_key} has no value (??? in conf/): pass {e.full_key}=... on the command line") from e
-    except OmegaConfBaseException as e:
-        raise ConfigError(str(e).strip()) from e
-
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def compose(overrides: list[str], config_name: str = "config", schema: type = EvalConfig) -> Any:
-    """conf/<config_name>.yaml composed with `overrides` outside a Hydra job (the benches) -> its typed
-    schema object; a key the schema does not name or a value Hydra cannot compose raises ConfigError."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    check_overrides(overrides, schema)
-    register()
-    try:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(str(e).strip().splitlines()[0]) from e
-    return to_object(cfg, schema)
 
 
 def experiment_name(tracking: Any, target_name: str) -> str:

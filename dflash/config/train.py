@@ -1,8 +1,8 @@
-"""The trainer's config schema (conf/train.yaml), registered with Hydra as `train_schema`.
+"""The trainer's config schema (dflash/conf/train.yaml), registered with Hydra as `train_schema`.
 
 `TrainConfig` is what `train()` reads (tests build it with OmegaConf.structured); `TrainSchema`
 types the shared groups (target, device, tracking) with dflash.config.schema's schemas, so a typo or a
-wrong type in conf/train.yaml or an override fails at compose time. `check` names the field of any
+wrong type in dflash/conf/train.yaml or an override fails at compose time. `check` names the field of any
 value the schema's types cannot refuse (an unknown backend, a non-positive size). This module and
 `__main__.py` are the only ones of the trainer that know Hydra.
 """

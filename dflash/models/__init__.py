@@ -1,4 +1,4 @@
-"""The models, loaded: the target (`target`: inspect without weights, load, KV-cache glue, tapped forward;
-`weights`: files, identity, GGUF conversion, finite check) and the drafter (`drafter_config`: config.json read as
-transformers / SGLang read it, or refused; `drafter`: the DFlash drafter; `checkpoint`: finding, reading, checking,
-fitting and saving checkpoints)."""
+"""The models: the drafter (`drafter/`: its config read as the serving engines read it, or refused; the DFlash and
+DFlash2 modules; checkpoint files and loading), the target (`target/`: inspect without weights, load, the tapped
+forward and KV-cache glue, weight files and GGUF conversion, position-keyed sampling) and the static-cache decoding
+engine (`engine/`: local references on GPU, the online loop's target)."""

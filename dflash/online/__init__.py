@@ -1,3 +1,3 @@
-"""Online decoding, for what the offline replay cannot measure: the static-cache decode engine (`decode`: CUDA
-graphs, local references on GPU), the online draft-verify loop (`speculative`: losslessness tests, speed-up) and
-speed measurements (`speed`, used by dflash/bench.py)."""
+"""The online draft-verify loop (`speculative`, greedy, batch 1, on the static-cache engine): what the offline
+replay reproduces without running it. Tests hold the two equal step by step; the bench times it against
+target-only decoding (dflash/bench/speed.py)."""

@@ -7,7 +7,7 @@ It runs on the static-cache engine (decode.py). State per step, anchor at positi
 target's cache holds positions < p, the feature buffer the taps of every committed position < p.
 - draft: the drafter reads the block [anchor, mask, ..., mask] at positions p .. p+B-1 and the
   features of positions < p (on CUDA the whole buffer, the rest hidden by the drafter's own mask
-  t < p); its B-1 proposals go to `out[:B-1]` (dflash.models.dflash2.propose: the greedy tokens, or
+  t < p); its B-1 proposals go to `out[:B-1]` (dflash.models.drafter.dflash2.propose: the greedy tokens, or
   DFlash2's selector walk from the anchor, the rule the offline replay uses).
 - verify: the target runs on [anchor, d_1 .. d_{B-1}] at positions p .. p+B-1; its greedy choice
   after each slot goes to `out[B-1:]`, the taps of all B slots into the feature buffer (those past
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash.models.decode import Engine
-from dflash.models.dflash2 import propose
-from dflash.models.drafter import DFlashDrafter
-from dflash.models.sampling import Sampling, pick, prompt_key
-from dflash.models.target import Target
+from dflash.models.drafter.dflash2 import propose
+from dflash.models.drafter.model import DFlashDrafter
+from dflash.models.engine.decode import Engine
+from dflash.models.target.model import Target
+from dflash.models.target.sampling import Sampling, pick, prompt_key
 from dflash.stages.metrics import Counters, count_step
-from dflash.stages.replay import Block
+from dflash.stages.replay.loop import Block
 from dflash.util.progress import Progress
 
 

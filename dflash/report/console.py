@@ -14,7 +14,7 @@ from dflash.report.sweep import yardstick_once
 if TYPE_CHECKING:
     from dflash.report.samples import Sample
     from dflash.report.sweep import SweepRow
-    from dflash.stages.result import EvalResult
+    from dflash.result import EvalResult
 
 
 def fmt(x: float | None, spec: str = ".3f") -> str:
@@ -132,7 +132,7 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
                      f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})")
     lines += [f"- **warning**: {w}" for w in res.warnings]
     lines.append("- artifacts: `samples.html` (each verify step's accepted / rejected / bonus tokens), `plots/`, `per_position.json`, "
-                 "`per_prompt.json` (what `python -m dflash.compare` pairs), `config.yaml`")
+                 "`per_prompt.json` (what `dflash-compare` pairs), `config.yaml`")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ gives the gap in τ (overall and per subset), in teacher-forced accuracy at slot
 with scores=true) in the reference token's NLL, for two DFlash2 runs in the unary τ and the top-k recall at
 slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), each with its paired SE (metrics.paired_ratio_diff;
 what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
-and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/compare.py,
+and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/cli/compare.py,
 reads the runs through dflash.tracking).
 """
 

@@ -2,7 +2,7 @@
 
 `sample_record(prompt, prompt_ids, reference_ids, blocks, tokenizer)` -> one `Sample` per prompt
 (a record of samples.json, `samples_json`): id, subset, prompt text, reference text (and its pieces,
-one per token), the prompt's τ, and its verify steps (`SampleStep`, from dflash.stages.replay.Block:
+one per token), the prompt's τ, and its verify steps (`SampleStep`, from dflash.stages.replay.loop.Block:
 the anchor's position, the drafted slots decoded, how many the target accepted, its bonus token).
 
 `samples_html(records)` -> one self-contained page (inline CSS, no script, no external resource:
@@ -26,11 +26,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from dflash.stages.prompts import Prompt, round_robin
-from dflash.stages.replay import Block
+from dflash.stages.prompts.sets import Prompt, round_robin
+from dflash.stages.replay.loop import Block
 
 if TYPE_CHECKING:
-    from dflash.stages.result import EvalResult
+    from dflash.result import EvalResult
 
 CONTEXT = 4  # tokens decoded before a span, so that its leading space and bytes come out right
 

@@ -10,7 +10,7 @@ naming the prompts that differ), the data set (prompts.source) and z-lab's publi
 table as CSV, τ against the swept value, the children's per-position curves overlaid. `yardstick_once`: prompt lookup's τ when every
 child that logged one has the same (its references and block size agree), shown once. Undefined (no
 verify step; an SE over one prompt) stays None: an empty cell, a gap in a plot, never the best child.
-dflash/entry.py reads the children through dflash.tracking and hands the files to the sweep parent.
+dflash/cli/app.py reads the children through dflash.tracking and hands the files to the sweep parent.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dflash.report.pairs import CompareError, RunIdentity, align, compare, rows_of, table_csv
-from dflash.stages.benchmarks import BENCHMARKS
 from dflash.stages.metrics import PromptRow, Rate, acceptance_length, position_curves, ratio_se, row_counters
+from dflash.stages.prompts.benchmarks import BENCHMARKS
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Child:
     params: dict[str, str] = field(default_factory=dict)  # the child run's MLflow params (e.g. drafter.name, prompts.source)
     identity: RunIdentity = field(default_factory=RunIdentity)  # its target and dtype
     note: str = ""  # why its rows were refused
-    prompt_lookup_tau: Rate = None  # the yardstick's τ on its references (dflash.stages.prompt_lookup); None: not logged
+    prompt_lookup_tau: Rate = None  # the yardstick's τ on its references (dflash.stages.replay.prompt_lookup); None: not logged
 
     @classmethod
     def read(cls, name: str, run_id: str, values: dict[str, str], rows: list[dict[str, Any]] | None, params: dict[str, str],

@@ -1,6 +1,6 @@
 """A training run evaluated step by step, in words: the parent run's description and the console's lines.
 
-`stall_text`: the stall check's finding (dflash.stages.trainlog.stall) with its numbers; `training_run_markdown`:
+`stall_text`: the stall check's finding (dflash.runs.trainlog.stall) with its numbers; `training_run_markdown`:
 one row per evaluated step (τ ± SE, macro, expected τ, the trainer's accuracy there), the stall finding first.
 Undefined values print "-".
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dflash.report.console import fmt
-from dflash.stages.trainlog import Point, Stall
+from dflash.runs.trainlog import Point, Stall
 
 
 def stall_text(s: Stall) -> str:

@@ -1,4 +1,5 @@
-"""The evaluation's stages, in data-flow order: `prompts` (prompt sets, chat-template rendering) ->
-`references` (the target's completions, local or from a `server`, cached) -> `features` (the tapped hidden
-states, cached) -> `replay` (DFlash's draft-verify loop replayed offline) -> `metrics` (raw counters and every
-ratio derived from them). Each stage takes and returns typed data; dflash/pipeline.py runs them in order."""
+"""The evaluation's stages, in data-flow order: `prompts/` (prompt sets, the field's benchmarks, chat-template
+rendering, multi-turn rounds) -> `references/` (the target's completions: local, or from an SGLang / OpenAI-compatible
+server, cached) -> `features` (the tapped hidden states, cached) -> `replay/` (DFlash's draft-verify loop replayed
+offline: `loop`, the drafter's side `drafts`, the prompt-lookup yardstick) -> `metrics` (raw counters and every ratio
+derived from them). Each stage takes and returns typed data; dflash/evaluation/pipeline.py runs them in order."""

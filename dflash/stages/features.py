@@ -1,7 +1,7 @@
 """The feature stage: the target's tapped hidden states over every prompt + reference, computed once.
 
 A sequence's features are the outputs of the tapped decoder layers at every position ([T, n*H],
-DFLASH.md §1), from `dflash.models.forward.tapped_forward`: the forward stops after the deepest tap (no later
+DFLASH.md §1), from `dflash.models.target.forward.tapped_forward`: the forward stops after the deepest tap (no later
 layer, no LM head) and long sequences run in chunks of `chunk_tokens` through the KV cache. They
 depend only on the target (identity, dtype, device type, attention implementation), the token ids
 and the taps, so they are cached by that content:
@@ -20,7 +20,7 @@ taps the union and `Features.taps(taps_a)` slices per drafter.
 Sequences that need the target run in batches on CUDA (`batch_tokens`: at most that many padded positions per
 pass, consecutive sequences right-padded to the longest; padding is harmless, the target being causal), so a
 GPU runs one forward per batch rather than per sequence: at the 27B shape the per-sequence pass was bound by
-the host launching kernels (dflash/bench_steady.py's profile). The caller still gets one sequence at a time
+the host launching kernels (dflash/bench/steady.py's profile). The caller still gets one sequence at a time
 and holds at most one batch of computed states.
 
 Not in the key: chunk size, batch and thread count, which change the states only by float rounding.
@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from dflash.config.schema import FeaturesConfig
-from dflash.models.forward import tapped_forward
-from dflash.models.target import Target
+from dflash.models.target.forward import tapped_forward
+from dflash.models.target.model import Target
 from dflash.util.errors import ConfigError, TargetError
 from dflash.util.files import atomic_write
 from dflash.util.memo import PROCESS

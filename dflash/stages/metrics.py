@@ -21,7 +21,7 @@ Conventions (named here; dflash.tracking logs them under these names):
 - `acceptance_length_se`: standard error of τ with prompts as the sampling unit (steps within a
   prompt are not independent): the delta-method SE of a ratio of sums. Two drafters evaluated on the
   same prompts: `paired_ratio_diff` gives the SE of their τ gap, smaller than either τ's SE since
-  what is hard about a prompt is hard for both (`python -m dflash.compare`).
+  what is hard about a prompt is hard for both (`dflash-compare`).
 
 DFlash2 drafters (`Counters.selector`; the rows are absent for DFlash, not 0), from the same drafter passes:
 - `acceptance_length_unary`: τ of the same replay walking the unary argmax (the drafter without its

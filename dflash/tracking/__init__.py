@@ -17,15 +17,15 @@ Layout (what evaluate.py logs through `Run`; docs/metrics.md and docs/mlflow.md)
   step = draft slot; `by_commit/share`, step = tokens committed) never share a name with a scalar.
 - Every name of an evaluation run's record (tags, params, artifacts, curves) is defined once, in
   dflash/tracking/record.py (`log_eval` writes them; readers read back through the same constants).
-- Training runs (dflash/series.py): the steps of one training run evaluated on one target and prompt
+- Training runs (dflash/evaluation/series.py): the steps of one training run evaluated on one target and prompt
   setting are children of one parent (tag `dflash.series_id`, a digest of that identity; role
   `training_run`), which holds one point per step on its curves (MLflow step = training step: τ micro,
   macro, per subset, expected τ, accuracy at slots 1-3, other τ-like scalars a child logs) and the
   trainer's own metrics under `train/`. A step whose checkpoint digest a finished child holds is skipped.
 - Sweeps: every job of one `-m` sweep is a child of one parent run per experiment, found by the
-  sweep's unique id (tag `dflash.sweep_id`, see dflash/entry.py), never by its folder. Both families
+  sweep's unique id (tag `dflash.sweep_id`, see dflash/cli/app.py), never by its folder. Both families
   live in dflash/tracking/parents.py. At the end
-  `sweep_parents` reads the children back and `finish_parent` gives the parent what dflash/entry.py made
+  `sweep_parents` reads the children back and `finish_parent` gives the parent what dflash/cli/app.py made
   of them (`sweep/children.csv`, `sweep/tau.png`, `sweep/per_position.png`, from dflash.report.sweep), the best child's τ as its metrics, the failed
   jobs, a description, and ends it FINISHED, FAILED or KILLED. Creating the store, an experiment, a
   parent happens under a file lock, so jobs launched in parallel never race.
@@ -34,7 +34,7 @@ Layout (what evaluate.py logs through `Run`; docs/metrics.md and docs/mlflow.md)
   RUNNING by a hard kill is found at the next start (`reap`: RUNNING runs of this host whose process
   is gone, the pid's start time telling a reused pid apart) and ended KILLED with a tag saying why;
   `python -m dflash.tracking reap [--uri URI] [--run RUN_ID ...]` does it on demand.
-- `find_runs` / `load_per_prompt` read finished evaluation runs back for `python -m dflash.compare`
+- `find_runs` / `load_per_prompt` read finished evaluation runs back for `dflash-compare`
   (`Run.log_per_prompt` logs the rows as `PER_PROMPT`, per_prompt.json; `Run.set_run_name` renames a run);
   `log_files` logs in-memory files (plots, tables) to an existing run.
 

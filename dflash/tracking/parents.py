@@ -1,8 +1,8 @@
 """Parent runs: a `-m` sweep's and a training run's, and their children read back. One module for both families.
 
 A family is what makes a run a child: `SweepFamily` (the jobs of one `-m` sweep, found by the sweep's unique id,
-dflash/entry.py) and `TrainingRunFamily` (the evaluated steps of one training run on one target and prompt
-setting, found by a digest of that identity, dflash/series.py). `Run(..., parent=family)` finds or creates the
+dflash/cli/app.py) and `TrainingRunFamily` (the evaluated steps of one training run on one target and prompt
+setting, found by a digest of that identity, dflash/evaluation/series.py). `Run(..., parent=family)` finds or creates the
 family's parent in its experiment under the store lock (jobs launched together share one parent) and tags the
 child. At a sweep's end `sweep_parents` reads the children back and `finish_parent` gives the parent what the
 caller made of them; a training run's parent is reopened by each invocation (`open_parent`), learns which
@@ -45,7 +45,7 @@ JOBS_TAG, FAILED_JOBS_TAG = "dflash.jobs", "dflash.failed_jobs"  # a sweep's par
 
 @dataclass(frozen=True)
 class SweepFamily:
-    """The jobs of one `-m` sweep (dflash.entry.SweepInfo: id, name, dir)."""
+    """The jobs of one `-m` sweep (dflash.cli.app.SweepInfo: id, name, dir)."""
 
     id: str
     name: str

@@ -1,9 +1,9 @@
 """An evaluation run's record in MLflow: every name it holds (tags, params, artifacts, curves), defined once,
 and `log_eval`, which writes one result under those names. Readers (dflash.tracking.parents, store.load_per_prompt,
-dflash.compare through `RunTags`) read back through the same constants.
+dflash.cli.compare through `RunTags`) read back through the same constants.
 
 What the report makes of a result (the description, plots, samples) arrives ready as an `EvalRecord`
-(dflash/record.py composes it): this module only decides where each piece goes.
+(dflash/evaluation/logged.py composes it): this module only decides where each piece goes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from dflash.stages.metrics import commit_share, position_table
-from dflash.stages.prompt_lookup import PromptLookup
-from dflash.stages.result import EvalResult, per_prompt_row
-from dflash.stages.served import served_histogram
+from dflash.result import EvalResult, PromptLookup, per_prompt_row
 
 # tags of an evaluation run
 CHECKPOINT_PATH_TAG = "checkpoint_path"
@@ -49,7 +46,7 @@ def train_tags(variant: str, bugs: dict[str, bool], imported_from: str | None = 
 # artifacts
 CONFIG_FILE = "config.yaml"
 PER_POSITION = "per_position.json"
-PER_PROMPT = "per_prompt.json"  # the per-prompt rows (Run.log_per_prompt, store.load_per_prompt, python -m dflash.compare)
+PER_PROMPT = "per_prompt.json"  # the per-prompt rows (Run.log_per_prompt, store.load_per_prompt, dflash-compare)
 
 # curves (MLflow step = draft slot k, or tokens committed by a verify step) and scalar prefixes
 BY_POSITION = "by_position/"  # + accept_rate | accept_rate_cond | accuracy | ...
@@ -58,7 +55,7 @@ SERVED_BY_COMMIT = "served/by_commit/share"
 TIME = "time/"  # + a stage: its seconds
 TAU = "acceptance_length"
 
-# the yardstick (dflash/stages/prompt_lookup.py): prompt lookup's τ over prompts and the drafter's paired gain on
+# the yardstick (dflash/stages/replay/prompt_lookup.py): prompt lookup's τ over prompts and the drafter's paired gain on
 # it; its settings are the run's params prompt_lookup.*; a sweep reads the τ back (parents.ChildRun.prompt_lookup_tau)
 PROMPT_LOOKUP_TAU = "prompt_lookup/acceptance_length"
 PROMPT_LOOKUP_TAU_SE = "prompt_lookup/acceptance_length_se"
@@ -103,7 +100,7 @@ class EvalRecord:
 
 @dataclass(frozen=True)
 class RunTags:
-    """The tags a reader of evaluation runs checks (dflash.compare: same target, same dtype), read back by name."""
+    """The tags a reader of evaluation runs checks (dflash.cli.compare: same target, same dtype), read back by name."""
 
     target_identity: str | None = None
     dtype: str | None = None
@@ -138,7 +135,7 @@ def resolved_params(res: EvalResult) -> dict[str, Any]:
         "target.dtype": i.dtype,
         "replay.anchors": i.replay_anchors,
         **{f"drafter.config.{k}": v for k, v in i.drafter_config.items()},
-    }  # the drafter as built (dflash.models.drafter_config)
+    }  # the drafter as built (dflash.models.drafter.config)
 
 
 def prompt_lookup_metrics(p: PromptLookup | None) -> dict[str, float | None]:
@@ -163,14 +160,14 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
     curves = {f"{BY_POSITION}{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
     run.log_metrics({**res.metrics, **prompt_lookup_metrics(res.prompt_lookup), **{f"{TIME}{k}": v for k, v in res.timings.items()}},
                     curves=curves)
-    run.log_metrics({}, curves={BY_COMMIT: commit_share(res.total)})  # step = tokens committed by a verify step
-    if share := served_histogram(list(info.references.served.values())):
+    run.log_metrics({}, curves={BY_COMMIT: res.commit_share()})  # step = tokens committed by a verify step
+    if share := res.served_commit_share():
         run.log_metrics({}, curves={SERVED_BY_COMMIT: share})  # the server's own histogram, same steps
     run.log_dataset(dataset.name, dataset.digest, dataset.source, dataset.profile)
     run.set_note(rec.note)
     run.log_text(rec.config_text, CONFIG_FILE)
     run.log_per_prompt([per_prompt_row(r).to_dict() for r in res.prompts])
-    run.log_table(position_table(res.total), PER_POSITION)
+    run.log_table(res.position_table(), PER_POSITION)
     run.log_files(rec.files)
     run.setup_eval_experiment(sorted({r.prompt.subset for r in res.prompts}))
 

@@ -165,7 +165,7 @@ class Run:
         self.client.log_table(self.run_id, data=cols, artifact_file=artifact_file)
 
     def log_per_prompt(self, rows: list[dict[str, Any]]) -> None:
-        """An evaluation run's per-prompt rows (PromptRow.to_dict), as `load_per_prompt` and python -m dflash.compare read them."""
+        """An evaluation run's per-prompt rows (PromptRow.to_dict), as `load_per_prompt` and dflash-compare read them."""
         self.log_table(rows, PER_PROMPT)
 
     def log_files(self, files: dict[str, bytes]) -> None:

@@ -257,7 +257,7 @@ def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
 
 
 def run_tags(uri: str, run_id: str) -> dict[str, str]:
-    """A run's tags (e.g. `target_identity`, `dtype`: what dflash.compare checks beside the rows)."""
+    """A run's tags (e.g. `target_identity`, `dtype`: what dflash.cli.compare checks beside the rows)."""
     return dict(mlflow_client(uri).get_run(run_id).data.tags)
 
 

@@ -30,7 +30,7 @@ share of verify steps committing x tokens. The table view shows a curve's last p
 - Each run: description (overview), `samples.html`, `plots/`, `per_position.json`, `per_prompt.json`. A `-m` sweep: \
 one parent per sweep with `sweep/children.csv` and `sweep/*.png`.
 - Open the saved view **dflash: τ and curves** (Saved views, or `...&viewStateShareKey=dflash` in the URL) for τ \
-in the table and these charts first. Pair two runs by prompt: `python -m dflash.compare A B`.
+in the table and these charts first. Pair two runs by prompt: `dflash-compare A B`.
 """
 
 DFLASH2_CHARTS = [(TAU_UNARY, "BAR"), (SELECTOR_GAIN, "BAR"), (f"{BY_POSITION}unary_accuracy", "LINE"), (f"{BY_POSITION}topk_recall", "LINE")]

@@ -1,6 +1,6 @@
 """Reference DFlash trainer, with the three training bugs of DFLASH.md §4 as switches (off by default).
 
-    python -m dflash.train [target=...] [device=...] [key=value ...]      (conf/train.yaml)
+    python -m dflash.train [target=...] [device=...] [key=value ...]      (dflash/conf/train.yaml)
 
 Per step, for S sequences (prompt + the target's greedy response):
 - one target pass taps every layer the variants need (`hidden_states[L + 1]` for tap L);
@@ -12,14 +12,14 @@ Per step, for S sequences (prompt + the target's greedy response):
 - AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA; optional
   Gaussian noise (relative to each position's RMS) on the fc inputs only.
 
-The config's schema (conf/train.yaml), registered with Hydra, and its field checks live in
+The config's schema (dflash/conf/train.yaml), registered with Hydra, and its field checks live in
 dflash/config/train.py. Files here, in the order data flows:
     train_prompts.py training prompts (corpus.py's word lists), none overlapping an evaluation prompt
     data.py         the target regenerates every response; token cache
     variants.py     the bug switches: which variant has which bug, bug 2's taps
     arch.py         the drafter built: taps, DrafterConfig, initial weights
     batch.py        batches and anchors, functions of (seed, step)
-    taps.py         the one entry to the target's hidden states (dflash.models.forward.tapped_forward)
+    taps.py         the one entry to the target's hidden states (dflash.models.target.forward.tapped_forward)
     labels.py       greedy labels, augmentation noise, bug 1's labels
     loss.py         the weighted loss and bug 3's diluted one
     step.py         one optimizer step of one variant, its counters

@@ -1,6 +1,6 @@
 """The drafter the trainer builds: its taps, its DrafterConfig, its initial weights.
 
-The one place where the trainer meets dflash.models.drafter's config and tap rule (`DrafterConfig` through
+The one place where the trainer meets dflash.models.drafter.model's config and tap rule (`DrafterConfig` through
 `checkpoint.init_config`, `build_target_layer_ids`), so a change there is a change here only.
 `drafter.arch=dflash2` adds DFlash2's block convolutions and candidate selector (sizes `drafter.conv_*`,
 `drafter.selector_*`, checked by the evaluator's own DFlash2 parser), started as SpecForge starts them:
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from dflash.models.checkpoint import init_config
-from dflash.models.dflash2_config import parse_dflash2
-from dflash.models.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids
+from dflash.models.drafter.checkpoint import init_config
+from dflash.models.drafter.dflash2_config import parse_dflash2
+from dflash.models.drafter.model import DFlashDrafter, DrafterConfig, build_target_layer_ids
 from dflash.util.errors import CheckpointError, ConfigError
 
 

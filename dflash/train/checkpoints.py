@@ -2,7 +2,7 @@
 
 - `<out_dir>/<variant>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config,
   variant, bugs, and the throughput counters (`train_meta`); written atomically by
-  dflash.models.checkpoint_files, read back by the evaluator as kind=training.
+  dflash.models.drafter.files, read back by the evaluator as kind=training.
 - `<export_dir>/<variant>/step_<N>/`: a weights-only bf16 HF folder (what checkpoints/ holds), for
   `export_steps`, the last step and a stop.
 A run resumes from the latest checkpoint.pt of its folder: weights, optimizer, step, counters. A
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from dflash.models.checkpoint import check_weights
-from dflash.models.checkpoint_files import list_steps, read_hf_folder, save_hf_folder, save_training_checkpoint
-from dflash.models.drafter import DFlashDrafter
+from dflash.models.drafter.checkpoint import check_weights
+from dflash.models.drafter.files import list_steps, read_hf_folder, save_hf_folder, save_training_checkpoint
+from dflash.models.drafter.model import DFlashDrafter
 from dflash.train.variants import Variant
 from dflash.util.errors import CheckpointError, ConfigError
 

@@ -8,7 +8,7 @@ and the generation settings. A `deadline` (data.max_gen_minutes) stops generatin
 passed: training then runs on the shards made (and cached) so far, and a later run with a later
 deadline adds the rest.
 
-Multi-turn prompts (a user turn after the target's answer: dflash.stages.turns) come in rounds
+Multi-turn prompts (a user turn after the target's answer: dflash.stages.references.turns) come in rounds
 (`build_chat_sequences`): round 1 regenerates every single prompt and every first turn; round 2
 asks each second turn after the target's decoded answer to its first, and so on. Every turn's
 answer is a training sequence; a later turn's context holds the target's earlier answers.
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from dflash.stages.prompts import Prompt, render
+from dflash.stages.prompts.sets import Prompt, render
 from dflash.util.files import atomic_write
 from dflash.util.progress import log
 
@@ -50,7 +50,7 @@ def data_key(identity: str, prompt_ids: list[list[int]], max_new_tokens: int, te
 
 def generate_shard(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int, path: Path) -> tuple[list[int], list[int], list[int]]:
     """Greedy responses to rendered prompts, saved as one shard -> flat ids, lengths, prompt lengths."""
-    from dflash.stages.references import greedy_generate
+    from dflash.stages.references.collect import greedy_generate
 
     t0 = time.time()
     comps = greedy_generate(target, prompts, max_new_tokens, batch_size)
@@ -111,7 +111,7 @@ def build_chat_sequences(target: Any, prompts: list[Prompt], template: dict[str,
     """Single prompts and multi-turn chats (turns in rounds, each after the target's own answers; a
     later turn's prompt may hold up to `chat_prompt_tokens`) -> every turn's sequence. Under a
     `deadline`, round 1 stops early enough to leave the later rounds their prompts' share of the time."""
-    from dflash.stages.turns import expand, fill, turn_of
+    from dflash.stages.references.turns import expand, fill, turn_of
 
     turns = expand(prompts)
     later = sum(1 for p in turns if turn_of(p) > 1) / max(len(turns), 1)

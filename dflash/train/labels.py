@@ -52,7 +52,7 @@ def logits_from_last(target: Any, h: Tensor, normed: bool) -> Tensor:
 @torch.no_grad()
 def final_tap_is_normed(target: Any) -> bool:
     """Does tap num_layers - 1 come through the final norm (lm_head of it == the logits)? Checked, not assumed."""
-    from dflash.models.forward import forward
+    from dflash.models.target.forward import forward
 
     ids = torch.tensor([[1, 2, 3, 4]], device=target.device)
     logits = forward(target, ids).logits  # the full forward: the only one the trainer runs

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash.models.dflash2 import transform
+from dflash.models.drafter.dflash2 import transform
 
 
 def position_weights(B: int, gamma: float, device: torch.device | None = None) -> Tensor:

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from dflash.config.train import BugsConfig
-from dflash.models.dflash2 import transform
-from dflash.models.drafter import DFlashDrafter
+from dflash.models.drafter.dflash2 import transform
+from dflash.models.drafter.model import DFlashDrafter
 from dflash.stages.metrics import ratio
 from dflash.train.batch import Batch
 from dflash.train.labels import block_labels, bug1_labels, noised

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
-from dflash.models.forward import tapped_forward
+from dflash.models.target.forward import tapped_forward
 
 
 @dataclass

@@ -9,12 +9,12 @@ Prompts come from what the machine has installed (word lists and templates in co
 - general coding exercises written for this project, with varied instructions;
 - templated math and word problems with random numbers (mathgen.py);
 - multi-turn chats: a share of the prompts above get a follow-up user turn (corpus.FOLLOWUPS), asked
-  after the target's own answer (dflash.stages.turns; the trainer regenerates both answers).
+  after the target's own answer (dflash.stages.references.turns; the trainer regenerates both answers).
 
 No training prompt may be an evaluation prompt: `overlaps` flags a pair that is equal, where one
 contains the other, or that shares any run of `NGRAM` words (lower-cased, punctuation dropped);
 `build_prompts` drops every candidate that overlaps a prompt of any evaluation set in
-`conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and tests/test_train.py checks it.
+`dflash/conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and tests/unit/test_train.py checks it.
 
     python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
 
@@ -33,8 +33,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from dflash.stages.benchmarks import BENCHMARKS, local_copy
-from dflash.stages.prompts import Prompt, load_prompts, read_jsonl
+from dflash.stages.prompts.benchmarks import BENCHMARKS, local_copy
+from dflash.stages.prompts.sets import Prompt, load_prompts, read_jsonl
 from dflash.train.corpus import (
     ARITH_TEMPLATES,
     CLASS_GENERAL_TEMPLATES,
@@ -59,7 +59,7 @@ from dflash.train.mathgen import math_prompt
 from dflash.train.pysource import SourceItem, package_items
 
 NGRAM = 8
-CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
+CONF_PROMPTS = Path(__file__).resolve().parents[1] / "conf" / "prompts"
 
 # --- overlap with evaluation prompts ----------------------------------------------------------
 
@@ -88,7 +88,7 @@ def overlaps(a: str, b: str, n: int = NGRAM) -> bool:
 
 
 def evaluation_prompts(conf_dir: Path = CONF_PROMPTS) -> dict[str, list[Prompt]]:
-    """Every prompt set of conf/prompts/ that names a fixed source (jsonl's path is the user's)."""
+    """Every prompt set of dflash/conf/prompts/ that names a fixed source (jsonl's path is the user's)."""
     import yaml
 
     out: dict[str, list[Prompt]] = {}
@@ -241,7 +241,7 @@ def arithmetic_prompts(n: int, rng: random.Random) -> list[str]:
 def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 0.3, exclude: Iterable[Prompt] | None = None,
                   packages: list[str] | None = None, multi_turn_fraction: float = 0.0, doc_fraction: float = 0.15) -> list[Prompt]:
     """Deterministic training prompts (for one machine's installed Python), none overlapping `exclude`
-    (default: every evaluation set in conf/prompts/). `arithmetic_fraction` of them are math problems
+    (default: every evaluation set in dflash/conf/prompts/). `arithmetic_fraction` of them are math problems
     (half from the original arithmetic templates, half from mathgen when `packages` is given),
     `doc_fraction` documentation-text tasks (with `packages`), the rest coding tasks; then
     `multi_turn_fraction` of all get a follow-up turn. `packages=None`: the original recipe

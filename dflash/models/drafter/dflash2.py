@@ -1,0 +1,151 @@
+"""DFlash2's parts (DFLASH.md §8; config: dflash/models/drafter/dflash2_config.py): block convolutions, unary logits, selector walk.
+
+- `BlockConv` (`layers.{i}.attention_conv` / `.mlp_conv`): a grouped, dynamic, depthwise convolution along
+  the B slots of each proposal block, causal (a slot sees itself and the T-1 slots before it; nothing
+  before the block's first slot). One projection of the sublayer's normed input x (hidden -> 2·T·G, read
+  as [side, tap, group], side slowest) gives per-slot coefficients δ; side 0 convolves x before the
+  sublayer, side 1 its output before the residual add: y_i = Σ_t (base[side, t] + δ_i[side, t, g]) ⊙ z_{i-t}.
+  It runs on the flattened [S, N·B, H] layout of dflash/models/drafter/model.py, within each block; the
+  context's keys and values never pass through it (as SGLang, whose context K/V come from `fc` alone).
+  Identity: base[:, 0] = 1, other taps 0, zero projection (how SpecForge starts training).
+- `unary_logits`: the drafter's logits on slots 1..B-1 (`DFlashDrafter.logits`: the target's LM head unless
+  it has its own, times logit_scale), top-k (k = selector_top_k) taken on the raw logits, then in float32
+  × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
+- `CandidateSelector` + `walk`: from the anchor, slot by slot, candidate j of the unary top-k scores
+  unary[j] + <predecessor_codebook[prev] ⊙ (hidden_projection h_p), successor_codebook[cand_j]> and
+  the best one (the first in top-k order on ties: argmax) is the draft and the next slot's prev. The
+  bilinear term is computed in float32 as an elementwise product summed over the rank (the same for
+  any batch of rows, so the offline replay's and the online loop's walks agree bit for bit).
+  A zero successor codebook walks the unary argmax (DFlash).
+`propose` is the one proposal rule both loops call: the walk for DFlash2, the argmax for DFlash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dflash.models.drafter.dflash2_config import DFlash2Config
+
+
+class BlockConv(nn.Module):
+    def __init__(self, hidden: int, taps: int, group_size: int):
+        super().__init__()
+        self.taps, self.group_size, self.groups = taps, group_size, hidden // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))  # [side, tap, channel]
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * self.groups, bias=False)
+
+    def identity_(self) -> "BlockConv":
+        """The exact no-op: identity base, zero projection."""
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0
+            self.kernel_projection.weight.zero_()
+        return self
+
+    def _convolve(self, z: Tensor, delta: Tensor, side: int, B: int) -> Tensor:
+        """z [S, Q, H] (Q = N·B slots), delta [S, Q, T, G] -> [S, Q, H], causal within each block of B slots."""
+        S, Q, H = z.shape
+        G, gs = self.groups, self.group_size
+        zb = z.view(S, Q // B, B, G, gs)
+        db = delta.view(S, Q // B, B, self.taps, G)
+        base = self.base_kernel[side].view(self.taps, G, gs)
+        out = (base[0] + db[:, :, :, 0, :, None]) * zb
+        for t in range(1, self.taps):
+            shifted = F.pad(zb[:, :, : B - t], (0, 0, 0, 0, t, 0))  # slot i reads z_{i-t}, 0 before the block's first slot
+            out = out + (base[t] + db[:, :, :, t, :, None]) * shifted
+        return out.reshape(S, Q, H)
+
+    def prepare(self, x: Tensor, B: int) -> tuple[Tensor, Tensor]:
+        """x [S, Q, H] the normed sublayer input -> (its side-0 convolution, the side-1 coefficients [S, Q, T, G])."""
+        S, Q, _ = x.shape
+        delta = self.kernel_projection(x).view(S, Q, 2, self.taps, self.groups)
+        return self._convolve(x, delta[:, :, 0], 0, B), delta[:, :, 1]
+
+    def finish(self, y: Tensor, delta: Tensor, B: int) -> Tensor:
+        """y [S, Q, H] the sublayer's output -> its side-1 convolution."""
+        return self._convolve(y, delta, 1, B)
+
+
+class CandidateSelector(nn.Module):
+    def __init__(self, hidden: int, vocab: int, rank: int):
+        super().__init__()
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+
+    def transition(self, proj: Tensor, prev: Tensor, cand: Tensor) -> Tensor:
+        """proj [..., r] (float32), prev [...], cand [..., k] -> the bilinear scores [..., k] in float32."""
+        ctx = self.predecessor_codebook[prev].float() * proj  # [..., r]
+        return (self.successor_codebook[cand].float() * ctx.unsqueeze(-2)).sum(-1)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The unary view of R blocks' K = B-1 draft slots."""
+
+    ids: Tensor  # [R, K, k] unary top-k token ids, best first
+    scores: Tensor  # [R, K, k] their transformed unary logits (float32)
+    proj: Tensor  # [R, K, r] hidden_projection of each slot's final state (float32)
+
+
+def transform(logits: Tensor, d2: DFlash2Config) -> Tensor:
+    """Raw logits -> float32, × output_multiplier, then soft-capped (SGLang's unary transform)."""
+    x = logits.float()
+    if d2.output_multiplier != 1.0:
+        x = x * d2.output_multiplier
+    if d2.final_logit_softcapping is not None:
+        c = d2.final_logit_softcapping
+        x = torch.tanh(x / c) * c
+    return x
+
+
+def unary_candidates(selector: CandidateSelector, d2: DFlash2Config, logits: Tensor, h: Tensor) -> Candidates:
+    """logits [R, K, V] raw LM-head logits, h [R, K, H] the slots' final states -> Candidates."""
+    vals, ids = logits.topk(d2.selector_top_k, dim=-1)
+    proj = selector.hidden_projection(h.to(selector.hidden_projection.weight.dtype)).float()
+    return Candidates(ids, transform(vals, d2), proj)
+
+
+def walk(selector: CandidateSelector, c: Candidates, prev: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
+    """The greedy walk over slots lo..hi-1 (0-based: slot lo+1 of the block) given the token chosen before
+    slot lo (`prev` [R]: the anchor when lo = 0) -> the drafted tokens [R, hi-lo]."""
+    hi = c.ids.shape[1] if hi is None else hi
+    out = []
+    for p in range(lo, hi):
+        score = c.scores[:, p] + selector.transition(c.proj[:, p], prev, c.ids[:, p])  # [R, k]
+        prev = c.ids[:, p].gather(-1, score.argmax(-1, keepdim=True))[:, 0]
+        out.append(prev)
+    return torch.stack(out, 1) if out else c.ids.new_zeros((c.ids.shape[0], 0))
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafter pass's proposals for R blocks."""
+
+    tokens: Tensor  # [R, K] what is drafted: the walk (DFlash2), the argmax (DFlash)
+    unary: Tensor  # [R, K] the unary argmax (= tokens for DFlash)
+    topk: Tensor | None  # [R, K, k] the unary top-k ids (DFlash2), else None
+
+
+def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anchor: Tensor) -> Proposal:
+    """h [R, K, H] slots 1..B-1's final states (the target's dtype), anchor [R] -> Proposal. `head` is the
+    target's LM head, which `drafter.logits` uses unless the drafter has its own (times its logit_scale);
+    the walk starts from the anchor."""
+    R, K, H = h.shape
+    logits = drafter.logits(head, h.reshape(R * K, H)).view(R, K, -1)  # 2-D into the head: a 3-D input takes a slow bmm path
+    return propose_logits(drafter, logits, h, anchor)
+
+
+def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
+    """`propose` from the drafter's raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
+    d2 = drafter.cfg.dflash2
+    if d2 is None:
+        top = logits.argmax(-1)
+        return Proposal(top, top, None)
+    c = unary_candidates(drafter.candidate_selector, d2, logits, h)
+    return Proposal(walk(drafter.candidate_selector, c, anchor.to(c.ids.device)), c.ids[..., 0], c.ids)
