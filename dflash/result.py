@@ -3,7 +3,8 @@ it, and the report and tracking, which read it (as lm-eval's results are).
 
 `PromptResult` (one prompt: its rendered ids, reference, counters, the replay's verify steps),
 `RunInfo` (what was evaluated, as resolved), `EvalResult` (metrics, curves, per-prompt results, summed
-counters, timings, the target's tokenizer for the report's samples); `per_prompt_row` flattens a prompt's counters into the typed row
+counters, timings, the target's tokenizer for the report's samples); `per_prompt_row` flattens a prompt's counters into
+the typed row
 (`dflash.stages.metrics.PromptRow`, with digests of its prompt and reference ids) that `per_prompt.json`
 holds and dflash.report.pairs pairs.
 """
@@ -51,10 +52,16 @@ class RunInfo:
     prompt_ids: list[str]  # the selected prompts, in order
     references: ReferenceStats
     drafter_config: dict[str, Any] = field(default_factory=dict)  # drafter_config.effective_config: what was evaluated
-    linear_attention_kernel: str | None = None  # hybrid targets: the Gated DeltaNet layers' code (models.kernels), None for others
-    replay_anchors: str = "all"  # replay.anchors: which anchors were drafted (the τ counters are the same in every mode)
+    linear_attention_kernel: str | None = (
+        None  # hybrid targets: the Gated DeltaNet layers' code (models.kernels), None for others
+    )
+    replay_anchors: str = (
+        "all"  # replay.anchors: which anchors were drafted (the τ counters are the same in every mode)
+    )
     tf_stride: int = 1  # replay.tf_stride: teacher-forced statistics at every tf_stride-th anchor
-    prompt_format: str = ""  # how prompts were rendered: chat template or not, thinking mode, system prompt (the summary prints it)
+    prompt_format: str = (
+        ""  # how prompts were rendered: chat template or not, thinking mode, system prompt (the summary prints it)
+    )
 
 
 @dataclass
@@ -68,7 +75,9 @@ class EvalResult:
     warnings: list[str] = field(default_factory=list)
     tokenizer: Any = None  # the target's: what the report decodes samples with (dflash.report.samples.samples_of)
     run_id: str | None = None  # the MLflow run it was logged to (dflash.evaluate(log=True))
-    prompt_lookup: PromptLookup | None = None  # the n-gram yardstick on the same references (None: prompt_lookup.enabled=false)
+    prompt_lookup: PromptLookup | None = (
+        None  # the n-gram yardstick on the same references (None: prompt_lookup.enabled=false)
+    )
 
     def commit_share(self) -> list[float | None]:
         """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
@@ -86,8 +95,27 @@ class EvalResult:
 def per_prompt_row(r: PromptResult) -> PromptRow:
     """The per-prompt counters as one row (per_prompt.json holds its `to_dict`; what dflash.report.pairs pairs)."""
     c = r.counters
-    return PromptRow(id=r.prompt.id, subset=r.prompt.subset, prompt_tokens=len(r.prompt_ids), new_tokens=c.new_tokens, steps=c.steps,
-                     committed=c.committed, accepted_at_pos=c.accepted_at_pos, tf_correct=c.tf_correct, tf_total=c.tf_total,
-                     tf_nll=sum(c.tf_nll) if scored(c) else None, prompt_digest=ids_digest(r.prompt_ids), reference_digest=ids_digest(r.reference),
-                     **({"unary_steps": c.unary_steps, "unary_committed": c.unary_committed, "tf_unary_correct": c.tf_unary_correct,
-                         "tf_topk_hit": c.tf_topk_hit} if c.selector else {}))
+    return PromptRow(
+        id=r.prompt.id,
+        subset=r.prompt.subset,
+        prompt_tokens=len(r.prompt_ids),
+        new_tokens=c.new_tokens,
+        steps=c.steps,
+        committed=c.committed,
+        accepted_at_pos=c.accepted_at_pos,
+        tf_correct=c.tf_correct,
+        tf_total=c.tf_total,
+        tf_nll=sum(c.tf_nll) if scored(c) else None,
+        prompt_digest=ids_digest(r.prompt_ids),
+        reference_digest=ids_digest(r.reference),
+        **(
+            {
+                "unary_steps": c.unary_steps,
+                "unary_committed": c.unary_committed,
+                "tf_unary_correct": c.tf_unary_correct,
+                "tf_topk_hit": c.tf_topk_hit,
+            }
+            if c.selector
+            else {}
+        ),
+    )

@@ -22,9 +22,19 @@ from dflash.models.drafter.files import read_hf_folder, save_hf_folder
 from dflash.models.drafter.model import DFlashDrafter
 from dflash.models.target.weights import sha256_file
 
-SHAPE = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=24, num_key_value_heads=4, head_dim=256, block_size=16,
-             mask_token_id=0, num_target_layers=64, rms_norm_eps=1e-6, max_position_embeddings=262144,
-             rope_parameters={"rope_type": "default", "rope_theta": 1e7})
+SHAPE = dict(
+    hidden_size=5120,
+    intermediate_size=17408,
+    num_attention_heads=24,
+    num_key_value_heads=4,
+    head_dim=256,
+    block_size=16,
+    mask_token_id=0,
+    num_target_layers=64,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262144,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e7},
+)
 
 
 def timed(fn):
@@ -60,14 +70,19 @@ def from_file(model: DFlashDrafter, device: str) -> None:
             sd, _ = read_hf_folder(folder)
             assert all(bool(torch.isfinite(v).all()) for v in sd.values())
             sha256_file(next(folder.glob("*.safetensors")))
-            src = read_drafter("hf", "x", path=str(folder))  # its own checks are today's: ~0.1 s (its digest thread not awaited)
+            src = read_drafter(
+                "hf", "x", path=str(folder)
+            )  # its own checks are today's: ~0.1 s (its digest thread not awaited)
             build_drafter(src, device=device, dtype=torch.bfloat16)
             sync(device)
             return time.perf_counter() - t
 
         t_now, t_before = min(now() for _ in range(2)), min(before() for _ in range(2))
-        print(f"  from an HF folder ({size:.2f} GB) to {device}: {t_now:.2f} s now (its sha256 in a thread), {t_before:.2f} s with "
-              f"isfinite().all() and the sha256 first ({t_before / t_now:.1f}x)")
+        print(
+            f"  from an HF folder ({size:.2f} GB) to {device}: {t_now:.2f} s now (its sha256 in a thread), "
+            f"{t_before:.2f} s with "
+            f"isfinite().all() and the sha256 first ({t_before / t_now:.1f}x)"
+        )
 
 
 def main(layers: int = 1, device: str = "cpu") -> None:
@@ -88,10 +103,16 @@ def main(layers: int = 1, device: str = "cpu") -> None:
     new, t_new = timed(lambda: build_drafter(src, dtype=torch.bfloat16))
     _, t_old = timed(old_build)
     _, t_init_old = timed(lambda: DFlashDrafter(cfg).init_weights(0).to(torch.bfloat16))
-    _, t_init_new = timed(lambda: build_drafter(SimpleNamespace(**{**vars(src), "state_dict": None}), dtype=torch.bfloat16))
+    _, t_init_new = timed(
+        lambda: build_drafter(SimpleNamespace(**{**vars(src), "state_dict": None}), dtype=torch.bfloat16)
+    )
     n = sum(p.numel() for p in new.model.parameters()) / 1e6
-    print(f"{layers} draft layer(s) at Qwen3.6-27B width ({n:.0f}M params), bf16, {torch.get_num_threads()} CPU threads:")
-    print(f"  file-loaded: old build {t_old:.2f} s, build_drafter {t_new:.3f} s ({t_old / max(t_new, 1e-6):.0f}x faster)")
+    print(
+        f"{layers} draft layer(s) at Qwen3.6-27B width ({n:.0f}M params), bf16, {torch.get_num_threads()} CPU threads:"
+    )
+    print(
+        f"  file-loaded: old build {t_old:.2f} s, build_drafter {t_new:.3f} s ({t_old / max(t_new, 1e-6):.0f}x faster)"
+    )
     print(f"  drafter=init: old {t_init_old:.2f} s, now {t_init_new:.2f} s ({t_init_old / t_init_new:.2f}x)")
     from_file(new.model.to(torch.bfloat16), device)
 

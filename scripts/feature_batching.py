@@ -46,11 +46,17 @@ def main() -> None:
             secs, out = run(bt)
             best[bt] = min(best.get(bt, float("inf")), secs)
             diff[bt] = max(float((a - b).abs().max()) for a, b in zip(out, ref))
-    print(f"feature pass on {t.device} ({torch.get_num_threads()} threads, {t.dtype}): {n} sequences, {sum(map(len, seqs))} tokens, "
-          "best of 3")
+    print(
+        f"feature pass on {t.device} ({torch.get_num_threads()} threads, {t.dtype}): {n} sequences, "
+        f"{sum(map(len, seqs))} tokens, "
+        "best of 3"
+    )
     for bt in SETTINGS:
         name = "one sequence per pass" if bt is None else f"features.batch_tokens={bt}"
-        print(f"  {name:<30} {best[bt]:6.2f} s  {best[bt] / best[None]:.2f}x one per pass  (max |state difference| {diff[bt]:.3g})")
+        print(
+            f"  {name:<30} {best[bt]:6.2f} s  {best[bt] / best[None]:.2f}x one per pass  (max |state difference| "
+            f"{diff[bt]:.3g})"
+        )
 
 
 if __name__ == "__main__":

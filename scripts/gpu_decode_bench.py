@@ -53,9 +53,21 @@ def as_target(model, name: str) -> Target:
 def smollm2_shaped(device: str) -> Target:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
-                      vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192, rope_theta=100000.0,
-                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(device):
@@ -92,9 +104,9 @@ def checks(dev: str) -> dict:
         eos = t.eos_ids
         hf = []
         for p in prompts:
-            o = t.model.generate(torch.tensor([p], device=dev), max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=0)[
-                0, len(p) :
-            ].tolist()
+            o = t.model.generate(
+                torch.tensor([p], device=dev), max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=0
+            )[0, len(p) :].tolist()
             hf.append(o[: next((i + 1 for i, x in enumerate(o) if x in eos), len(o))])
         cuda = dev == "cuda"
         g = generate(t, prompts, 48, 3, graphs=cuda)
@@ -112,14 +124,20 @@ def checks(dev: str) -> dict:
         Qwen3_5ForConditionalGeneration(qwen3_5_vl_config()).save_pretrained(d)
         make_tokenizer().save_pretrained(d)
         v = load_target("vlm_text", d, dtype="float32", device=dev)
-        ref = v.model.generate(torch.tensor([prompts[2]], device=dev), max_new_tokens=24, do_sample=False, eos_token_id=v.eos_ids, pad_token_id=0)[
-            0, len(prompts[2]) :
-        ].tolist()
+        ref = v.model.generate(
+            torch.tensor([prompts[2]], device=dev),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=v.eos_ids,
+            pad_token_id=0,
+        )[0, len(prompts[2]) :].tolist()
         dr = DFlashDrafter(init_config(v, 1, 3, MASK_ID, 8)).init_weights(3, std=0.3).to(dev).eval()
         for graphs in (False, True) if dev == "cuda" else (False,):
             try:
                 out = speculative_generate(v, dr, prompts[2], 24, graphs=graphs)
-                res[f"qwen3_5_hybrid_online_graphs={graphs}_eq_hf"] = out.tokens == ref[: len(out.tokens)] and len(out.tokens) > 0
+                res[f"qwen3_5_hybrid_online_graphs={graphs}_eq_hf"] = (
+                    out.tokens == ref[: len(out.tokens)] and len(out.tokens) > 0
+                )
             except Exception as e:  # noqa: BLE001
                 res[f"qwen3_5_hybrid_online_graphs={graphs}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return res
@@ -166,7 +184,9 @@ def main() -> None:
     target = smollm2_shaped(a.device)
     drafter = shipped_drafter(target)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 49000, (int(n),), generator=g).tolist() for n in torch.randint(20, 121, (12,), generator=g)]
+    prompts = [
+        torch.randint(100, 49000, (int(n),), generator=g).tolist() for n in torch.randint(20, 121, (12,), generator=g)
+    ]
     N = a.new
 
     def online(compile: bool, hf_static: bool):
@@ -174,6 +194,7 @@ def main() -> None:
             o = bench_online(target, drafter, prompts[:4], N, compile=compile, hf_static=hf_static)
             print(format_online(o), flush=True)
             return dataclasses.asdict(o) | {"predicted_tok_s": {t: o.predicted_tok_s(t) for t in (1.8, 3.0)}}
+
         return run
 
     def gen(batch: int, n_prompts: int, compile: bool | None, hf: bool = True):
@@ -181,6 +202,7 @@ def main() -> None:
             r = bench_generation(target, prompts[:n_prompts], N, batches=(batch,), compile=compile, hf=hf)
             print(format_generation(r), flush=True)
             return dataclasses.asdict(r) | {"tok_s": {f"{x.method}@{x.batch}": x.tok_s for x in r.rates}}
+
         return run
 
     section("online_graphs", 90, online(False, True))

@@ -3,6 +3,7 @@ the local store: one MLflow run per run folder (metrics.jsonl, params.json, summ
 
     PYTHONPATH=. python scripts/import_train_metrics.py checkpoints/fixed checkpoints/noisy_labels ...
 """
+
 import os
 import sys
 

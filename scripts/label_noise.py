@@ -6,6 +6,7 @@ docs/results.md came from `24 0.3 0.5 0.7`.
 
     PYTHONPATH=. .venv/bin/python scripts/label_noise.py [num_prompts] [sigma ...]
 """
+
 import sys
 
 import torch

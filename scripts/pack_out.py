@@ -54,7 +54,7 @@ def main() -> None:
         data, step = name.read_bytes(), int(a.max_mb * 2**20)
         name.unlink()
         for k in range(0, len(data), step):
-            Path(f"{name}.{k // step}").write_bytes(data[k:k + step])
+            Path(f"{name}.{k // step}").write_bytes(data[k : k + step])
         print(f"{name.name}.0..{(len(data) - 1) // step}: {len(data) / 2**20:.1f} MiB in parts: {rel}")
 
 

@@ -53,8 +53,16 @@ def qwen3_config():
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=2, bos_token_id=1,
+        hidden_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        bos_token_id=1,
         pad_token_id=0,
     )
 
@@ -63,12 +71,29 @@ def qwen3_5_vl_config():
     from transformers import Qwen3_5Config
 
     text = dict(
-        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=512,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
     )
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4, num_position_embeddings=16)
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=4,
+        num_position_embeddings=16,
+    )
     return Qwen3_5Config(text_config=text, vision_config=vision)
 
 
@@ -131,8 +156,16 @@ def make_drafter():
     from dflash.models.drafter.checkpoint import init_config
     from dflash.models.drafter.model import DFlashDrafter
 
-    def make(target, num_layers: int = 2, num_taps: int = 3, block_size: int = 4, seed: int = 0, std: float = 0.02,
-             mask_token_id: int = MASK_ID, target_layer_ids=None):
+    def make(
+        target,
+        num_layers: int = 2,
+        num_taps: int = 3,
+        block_size: int = 4,
+        seed: int = 0,
+        std: float = 0.02,
+        mask_token_id: int = MASK_ID,
+        target_layer_ids=None,
+    ):
         cfg = init_config(target, num_layers, num_taps, mask_token_id, block_size, target_layer_ids)
         return DFlashDrafter(cfg).init_weights(seed, std=std).eval()
 
@@ -140,4 +173,13 @@ def make_drafter():
 
 
 def loop_counters(c):  # every counter the draft-verify loop keeps (the teacher-forced ones are the replay's own)
-    return (c.steps, c.drafted, c.accepted, c.committed, c.committed_uncapped, c.new_tokens, c.accepted_at_pos, c.commit_hist)
+    return (
+        c.steps,
+        c.drafted,
+        c.accepted,
+        c.committed,
+        c.committed_uncapped,
+        c.new_tokens,
+        c.accepted_at_pos,
+        c.commit_hist,
+    )

@@ -85,12 +85,20 @@ def floors(model: nn.Module, layers: nn.Module, tokens: int) -> dict[str, Any]:
     big = max(linears(layers), key=lambda m: m.weight.numel())
     rate, flops = gemm_rate(big.weight, tokens), forward_flops(layers, tokens)
     bw, wb = copy_rate(big.weight.device), weight_bytes(model)
-    return dict(gemm_shape=[tokens, big.weight.shape[1], big.weight.shape[0]], gemm_tflops=rate / 1e12, forward_flops=flops,
-                arithmetic_s=flops / rate, copy_gbps=bw / 1e9, weight_bytes=wb, weight_read_s=wb / bw)
+    return dict(
+        gemm_shape=[tokens, big.weight.shape[1], big.weight.shape[0]],
+        gemm_tflops=rate / 1e12,
+        forward_flops=flops,
+        arithmetic_s=flops / rate,
+        copy_gbps=bw / 1e9,
+        weight_bytes=wb,
+        weight_read_s=wb / bw,
+    )
 
 
 def top_ops(fn: Callable[[], Any], device: torch.device | str, rows: int = 15) -> str:
-    """fn run once under torch.profiler -> the table of its `rows` top ops by self device time (self CPU time on a CPU)."""
+    """fn run once under torch.profiler -> the table of its `rows` top ops by self device time (self CPU time on a
+    CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.device(device).type == "cuda"

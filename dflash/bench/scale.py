@@ -1,6 +1,7 @@
 """The bench at the users' shape: a random Qwen3.6-27B-shaped VL checkpoint, evaluated stage by stage.
 
-    python -m dflash.bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu 12x256]
+    python -m dflash.bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu
+    12x256]
         [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR] [--scale-drafter dflash2] [--scale-profile]
 
 `build_vl(shape, folder, tokenizer)` writes a `Qwen3_5ForConditionalGeneration` of random weights
@@ -25,7 +26,7 @@ features' caches emptied), and each is held against its floor measured on the sa
 (dflash/bench/floors.py: the forward's arithmetic at the GEMM rate, one read of the weights at the copy
 rate); `--scale-profile` adds the top ops of a steady feature pass and of a few decode steps.
 `report` prints the stage table, the ratios of issue 21 and the field's protocol projected from
-the per-token costs measured here (DFLASH.md §7: 2048 new tokens, 128 prompts per data set).
+the per-token costs measured here (docs/family.md §7: 2048 new tokens, 128 prompts per data set).
 """
 
 from __future__ import annotations
@@ -51,23 +52,75 @@ from dflash.evaluation import pipeline
 from dflash.util.files import atomic_dir, remove_stale
 from dflash.util.progress import log
 
-SHAPES: dict[str, dict[str, Any]] = {  # Qwen3.5 / 3.6-27B's config.json (text and vision), as transformers' Qwen3_5Config takes it
+SHAPES: dict[
+    str, dict[str, Any]
+] = {  # Qwen3.5 / 3.6-27B's config.json (text and vision), as transformers' Qwen3_5Config takes it
     "qwen3_6_27b": dict(
-        text_config=dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4,
-                         head_dim=256, vocab_size=248320, max_position_embeddings=262144, linear_conv_kernel_dim=4, linear_key_head_dim=128,
-                         linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=48, rms_norm_eps=1e-6,
-                         tie_word_embeddings=False, attn_output_gate=True, full_attention_interval=4, eos_token_id=248044,
-                         rope_parameters=dict(rope_type="default", rope_theta=10000000, partial_rotary_factor=0.25, mrope_interleaved=True,
-                                              mrope_section=[11, 11, 10])),
-        vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=5120, patch_size=16,
-                           spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304),
+        text_config=dict(
+            hidden_size=5120,
+            intermediate_size=17408,
+            num_hidden_layers=64,
+            num_attention_heads=24,
+            num_key_value_heads=4,
+            head_dim=256,
+            vocab_size=248320,
+            max_position_embeddings=262144,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_num_key_heads=16,
+            linear_num_value_heads=48,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            attn_output_gate=True,
+            full_attention_interval=4,
+            eos_token_id=248044,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=10000000,
+                partial_rotary_factor=0.25,
+                mrope_interleaved=True,
+                mrope_section=[11, 11, 10],
+            ),
+        ),
+        vision_config=dict(
+            depth=27,
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_heads=16,
+            out_hidden_size=5120,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=2304,
+        ),
         tie_word_embeddings=False,
     ),
     "tiny_vl": dict(  # the tests' shape: the same code path in seconds
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         vocab_size=49152, max_position_embeddings=4096, linear_num_key_heads=2, linear_num_value_heads=4,
-                         linear_key_head_dim=16, linear_value_head_dim=16, eos_token_id=2),
-        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4, num_position_embeddings=16),
+        text_config=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=49152,
+            max_position_embeddings=4096,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            eos_token_id=2,
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=4,
+            num_position_embeddings=16,
+        ),
     ),
 }
 DRAFTERS = {  # --scale-drafter: the drafter=init overrides of the 5-layer drafter the bench evaluates
@@ -75,7 +128,10 @@ DRAFTERS = {  # --scale-drafter: the drafter=init overrides of the 5-layer draft
     "dflash2": ["drafter.arch=dflash2", "drafter.block_size=8", "drafter.window=2048", "drafter.is_causal=false"],
 }
 SHARD_BYTES = 4 << 30
-PROTOCOL_TOKENS, PROTOCOL_PROMPTS = 2048, 128  # DFLASH.md §7: max_new_tokens, prompts per data set (gsm8k, math500, mbpp: 128)
+PROTOCOL_TOKENS, PROTOCOL_PROMPTS = (
+    2048,
+    128,
+)  # docs/family.md §7: max_new_tokens, prompts per data set (gsm8k, math500, mbpp: 128)
 
 
 def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
@@ -105,19 +161,33 @@ def build_vl(shape: str, folder: Path, tokenizer: Any) -> Path:
         size += v.numel() * v.element_size()
     total = sum(v.numel() * v.element_size() for v in sd.values())
     params = sum(v.numel() for v in sd.values())
-    with atomic_dir(folder, replace=True) as tmp:  # renamed when complete; modes follow the umask; a folder without config.json is replaced
+    with atomic_dir(
+        folder, replace=True
+    ) as tmp:  # renamed when complete; modes follow the umask; a folder without config.json is replaced
         index: dict[str, str] = {}
         for i, keys in enumerate(shards):
             name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file({k: sd[k].detach().to("cpu").contiguous() for k in keys}, str(tmp / name), metadata={"format": "pt"})
+            save_file(
+                {k: sd[k].detach().to("cpu").contiguous() for k in keys}, str(tmp / name), metadata={"format": "pt"}
+            )
             index.update({k: name for k in keys})
-        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": index})
+        )
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     del model, sd
     release(dev)
-    log.info("scale: %s written to %s: %.2fB parameters, %.1f GB, built in %.1f s on %s, %.1f s in all", shape, folder, params / 1e9, total / 1e9,
-             built, dev, time.perf_counter() - t0)
+    log.info(
+        "scale: %s written to %s: %.2fB parameters, %.1f GB, built in %.1f s on %s, %.1f s in all",
+        shape,
+        folder,
+        params / 1e9,
+        total / 1e9,
+        built,
+        dev,
+        time.perf_counter() - t0,
+    )
     return folder
 
 
@@ -135,21 +205,26 @@ def _sync(device: str) -> None:
 
 
 def drafter_from_file(cfg: config_mod.EvalConfig, info: Any, where: Path) -> dict[str, float]:
-    """drafter=init built (its random init), saved as an HF folder, then loaded back as a checkpoint evaluation loads it."""
+    """drafter=init built (its random init), saved as an HF folder, then loaded back as a checkpoint evaluation loads
+    it."""
     from dflash.models.drafter.checkpoint import build_drafter, fit_drafter
     from dflash.models.drafter.files import save_hf_folder
 
     device, dtype = pipeline.resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     out: dict[str, float] = {}
     for kind in ("init", "hf"):
-        saved = replace(cfg.drafter, kind="hf", path=str(where), name="saved", arch="dflash", window=None, is_causal=None)  # the folder says
+        saved = replace(
+            cfg.drafter, kind="hf", path=str(where), name="saved", arch="dflash", window=None, is_causal=None
+        )  # the folder says
         c = cfg if kind == "init" else replace(cfg, drafter=saved)
         t0 = time.perf_counter()
         d = build_drafter(fit_drafter(pipeline.read_drafter_conf(c), info))
         d.model.to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
         _sync(device)
         out[f"drafter_{kind}_s"] = time.perf_counter() - t0
-        if d.digest is not None:  # the checkpoint's sha256 runs in a thread beside the load: what it adds when awaited at once
+        if (
+            d.digest is not None
+        ):  # the checkpoint's sha256 runs in a thread beside the load: what it adds when awaited at once
             t1 = time.perf_counter()
             d.digest.result()
             out["drafter_digest_wait_s"] = time.perf_counter() - t1
@@ -168,24 +243,49 @@ def scale_eval(spec: dict[str, Any]) -> None:
 
     configure(True)
     n, m = spec["prompts"], spec["max_new_tokens"]
-    ov = ["target=qwen3_6_27b", f"target.path={spec['folder']}", "drafter=init", "drafter.num_layers=5", f"device={spec['device']}",
-          "device.dtype=bfloat16", f"prompts.num_prompts={n}", f"prompts.max_new_tokens={m}", "num_samples=0", "tracking.enabled=false",
-          f"cache_dir={spec['cache_dir']}", *spec.get("overrides", [])]
+    ov = [
+        "target=qwen3_6_27b",
+        f"target.path={spec['folder']}",
+        "drafter=init",
+        "drafter.num_layers=5",
+        f"device={spec['device']}",
+        "device.dtype=bfloat16",
+        f"prompts.num_prompts={n}",
+        f"prompts.max_new_tokens={m}",
+        "num_samples=0",
+        "tracking.enabled=false",
+        f"cache_dir={spec['cache_dir']}",
+        *spec.get("overrides", []),
+    ]
     cfg = compose(ov)
     t0 = time.perf_counter()
     res = pipeline.run(cfg)
     wall = time.perf_counter() - t0
     r = res.prompts
     dc = res.info.drafter_config
-    out: dict[str, Any] = dict(device=spec["device"], timings=res.timings, wall=wall, prompts=len(r), max_new_tokens=m,
-                               block_size=res.info.block_size,
-                               drafter=f"{dc.get('architecture', 'DFlashDraftModel')}, block {res.info.block_size}, sliding layers "
-                                       f"{dc.get('sliding_layers')} (window {dc.get('sliding_window')}), causal layers {dc.get('causal_layers')}",
-                               prompt_tokens=sum(len(p.prompt_ids) for p in r), new_tokens=sum(len(p.reference) for p in r),
-                               kernel=res.info.linear_attention_kernel, engine=res.info.references.engine, tau=res.metrics["acceptance_length"],
-                               peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, threads=torch.get_num_threads())
+    out: dict[str, Any] = dict(
+        device=spec["device"],
+        timings=res.timings,
+        wall=wall,
+        prompts=len(r),
+        max_new_tokens=m,
+        block_size=res.info.block_size,
+        drafter=f"{dc.get('architecture', 'DFlashDraftModel')}, block {res.info.block_size}, sliding layers "
+        f"{dc.get('sliding_layers')} (window {dc.get('sliding_window')}), causal layers {dc.get('causal_layers')}",
+        prompt_tokens=sum(len(p.prompt_ids) for p in r),
+        new_tokens=sum(len(p.reference) for p in r),
+        kernel=res.info.linear_attention_kernel,
+        engine=res.info.references.engine,
+        tau=res.metrics["acceptance_length"],
+        peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        threads=torch.get_num_threads(),
+    )
     out["replay_modes"] = {}  # the replay again in each mode, references cached and features in memory
-    for anchors, stride in (("all", 1), ("visited", 1), ("visited", 4)):  # at τ 1 the visited pair gives the per-anchor costs
+    for anchors, stride in (
+        ("all", 1),
+        ("visited", 1),
+        ("visited", 4),
+    ):  # at τ 1 the visited pair gives the per-anchor costs
         again = pipeline.run(replace(cfg, replay=replace(cfg.replay, anchors=anchors, tf_stride=stride)))
         out["replay_modes"][f"replay.anchors={anchors} replay.tf_stride={stride}"] = again.timings["replay"]
     taps = res.info.target_layer_ids
@@ -205,19 +305,27 @@ def scale_eval(spec: dict[str, Any]) -> None:
         PROCESS.clear()
         target = load_target(info, dtype="bfloat16", device="cuda", cache_dir=spec["cache_dir"])
         g = bench_generation(target, [p.prompt_ids for p in r], m, batches=(len(r),), compile=None, hf=False)
-        out["engine_rates"] = [dict(method=x.method, batch=x.batch, tokens=x.tokens, seconds=x.seconds, setup_s=x.setup_s) for x in g.rates]
+        out["engine_rates"] = [
+            dict(method=x.method, batch=x.batch, tokens=x.tokens, seconds=x.seconds, setup_s=x.setup_s) for x in g.rates
+        ]
     print(json.dumps(out))
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
-    log.info("scale: evaluating on %s (%d prompts x %d tokens)", spec["device"], spec["prompts"], spec["max_new_tokens"])
-    p = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-eval", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    log.info(
+        "scale: evaluating on %s (%d prompts x %d tokens)", spec["device"], spec["prompts"], spec["max_new_tokens"]
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "dflash.bench", "--scale-eval", json.dumps(spec)], stdout=subprocess.PIPE, text=True
+    )
     if p.returncode:
         raise RuntimeError(f"the {spec['device']} evaluation failed (exit {p.returncode}); its log is above")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-STEADY_REPLAY = "replay.anchors=all replay.tf_stride=1"  # the default's mode at the default stride (ReplayConfig.mode), run again
+STEADY_REPLAY = (
+    "replay.anchors=all replay.tf_stride=1"  # the default's mode at the default stride (ReplayConfig.mode), run again
+)
 
 
 def _steady(r: dict[str, Any]) -> dict[str, float] | None:
@@ -226,17 +334,26 @@ def _steady(r: dict[str, Any]) -> dict[str, float] | None:
     s, again = r.get("steady"), r.get("replay_modes", {}).get(STEADY_REPLAY)
     if not s or again is None:
         return None
-    return dict(references=s["references"], references_setup=s["references_setup"] or 0.0, features=s["features"], replay=again)
+    return dict(
+        references=s["references"], references_setup=s["references_setup"] or 0.0, features=s["features"], replay=again
+    )
 
 
 def _per_token(r: dict[str, Any]) -> dict[str, float]:
     """Seconds per token of each stage, steady where measured (`_steady`; first use otherwise): references per new
     token (set-up apart), features per token of prompt + reference, replay per reference token."""
     t = r["timings"]
-    x = _steady(r) or dict(references=t["references"], references_setup=t.get("references_setup") or 0.0, features=t["features"],
-                           replay=t["replay"])
-    return dict(references=(x["references"] - x["references_setup"]) / r["new_tokens"],
-                features=x["features"] / (r["prompt_tokens"] + r["new_tokens"]), replay=x["replay"] / r["new_tokens"])
+    x = _steady(r) or dict(
+        references=t["references"],
+        references_setup=t.get("references_setup") or 0.0,
+        features=t["features"],
+        replay=t["replay"],
+    )
+    return dict(
+        references=(x["references"] - x["references_setup"]) / r["new_tokens"],
+        features=x["features"] / (r["prompt_tokens"] + r["new_tokens"]),
+        replay=x["replay"] / r["new_tokens"],
+    )
 
 
 def _first_use(r: dict[str, Any]) -> float:
@@ -246,11 +363,17 @@ def _first_use(r: dict[str, Any]) -> float:
     if x is None:
         return 0.0
     first_refs = t["references"] - (t.get("references_setup") or 0.0)
-    return sum(max(0.0, a - b) for a, b in ((first_refs, x["references"] - x["references_setup"]), (t["features"], x["features"]),
-                                             (t["replay"], x["replay"])))
+    return sum(
+        max(0.0, a - b)
+        for a, b in (
+            (first_refs, x["references"] - x["references_setup"]),
+            (t["features"], x["features"]),
+            (t["replay"], x["replay"]),
+        )
+    )
 
 
-PUBLISHED_TAU = 6.55  # DFLASH.md §7: Qwen3-8B-DFlash-b16 on GSM8K (and HumanEval), temperature 0
+PUBLISHED_TAU = 6.55  # docs/family.md §7: Qwen3-8B-DFlash-b16 on GSM8K (and HumanEval), temperature 0
 
 
 def projected_replay(modes: dict[str, float], tokens: int, tau: float, feature_s: float, block: int = 16) -> list[str]:
@@ -259,85 +382,152 @@ def projected_replay(modes: dict[str, float], tokens: int, tau: float, feature_s
     r(1), and c_walk (a visited anchor, the LM head on the slots the walk reads) from r(4) = c_full / 4
     + 3 c_walk / 4. A trained drafter's replay per token is then about c_full / s + c_walk (1 - 1/s) / τ:
     printed for τ of the public drafters, labelled as projected."""
-    r1, r4 = modes.get("replay.anchors=visited replay.tf_stride=1"), modes.get("replay.anchors=visited replay.tf_stride=4")
+    r1, r4 = (
+        modes.get("replay.anchors=visited replay.tf_stride=1"),
+        modes.get("replay.anchors=visited replay.tf_stride=4"),
+    )
     if r1 is None or r4 is None or abs(tau - 1.0) > 1e-9:
         return []
     c_full, c_walk = r1 / tokens, (4 * r4 - r1) / 3 / tokens
-    lines = [f"  per anchor at τ 1: teacher-forced ({block} slots, LM head on {block - 1}) {c_full * 1e3:.2f} ms, visited only (LM head on the slots "
-             f"the walk reads) {c_walk * 1e3:.2f} ms"]
+    lines = [
+        f"  per anchor at τ 1: teacher-forced ({block} slots, LM head on {block - 1}) {c_full * 1e3:.2f} ms, visited "
+        f"only (LM head on the slots "
+        f"the walk reads) {c_walk * 1e3:.2f} ms"
+    ]
     for s in (1, 4, 16):
         per_tok = c_full / s + c_walk * (1 - 1 / s) / PUBLISHED_TAU
-        lines.append(f"  projected at τ {PUBLISHED_TAU} (a public drafter's), replay.tf_stride={s}: {per_tok * 1e3:.2f} ms per token = "
-                     f"{per_tok / feature_s:.2f}x the feature pass per token (target <= 0.5x)")
+        lines.append(
+            f"  projected at τ {PUBLISHED_TAU} (a public drafter's), replay.tf_stride={s}: {per_tok * 1e3:.2f} ms per "
+            f"token = "
+            f"{per_tok / feature_s:.2f}x the feature pass per token (target <= 0.5x)"
+        )
     return lines
 
 
 def format_device(r: dict[str, Any]) -> list[str]:
     t, pt = r["timings"], _per_token(r)
     toks = r["prompt_tokens"] + r["new_tokens"]
-    lines = [f"scale on {r['device']} ({r['threads']} CPU threads), bf16, {r['prompts']} builtin prompts x {r['max_new_tokens']} new tokens "
-             f"({r['prompt_tokens']} prompt + {r['new_tokens']} new tokens), linear attention: {r['kernel']}; references engine: {r['engine']}",
-             f"  drafter: drafter=init, 5 layers, {r.get('drafter', '-')}"]
-    rows = [("prepare (drafter read, target inspected, prompts)", t.get("prepare"), ""),
-            ("load target", t.get("load_target"), ""),
-            (f"load drafter (drafter=init: random init of {r['drafter_params'] / 1e9:.2f}B parameters)", t.get("load_drafter"), ""),
-            ("references, first use in the process", t.get("references"),
-             f"{r['new_tokens'] / (t['references'] - (t.get('references_setup') or 0.0)):.1f} new tok/s after set-up"),
-            ("  of which engine set-up", t.get("references_setup"), ""),
-            *steady_rows(r, "references"),
-            ("features, first use in the process", t.get("features"), f"{toks / t['features']:.1f} tok/s"),
-            *steady_rows(r, "features"),
-            ("replay", t.get("replay"), f"{r['new_tokens'] / t['replay']:.1f} tok/s"),
-            ("drafter=init built again (its own cost)", r["drafter_init_s"], ""),
-            ("drafter loaded from a saved HF folder (a checkpoint's load)", r["drafter_hf_s"], ""),
-            ("the whole pipeline.run", r["wall"], "")]
+    lines = [
+        f"scale on {r['device']} ({r['threads']} CPU threads), bf16, {r['prompts']} builtin prompts x "
+        f"{r['max_new_tokens']} new tokens "
+        f"({r['prompt_tokens']} prompt + {r['new_tokens']} new tokens), linear attention: {r['kernel']}; references "
+        f"engine: {r['engine']}",
+        f"  drafter: drafter=init, 5 layers, {r.get('drafter', '-')}",
+    ]
+    rows = [
+        ("prepare (drafter read, target inspected, prompts)", t.get("prepare"), ""),
+        ("load target", t.get("load_target"), ""),
+        (
+            f"load drafter (drafter=init: random init of {r['drafter_params'] / 1e9:.2f}B parameters)",
+            t.get("load_drafter"),
+            "",
+        ),
+        (
+            "references, first use in the process",
+            t.get("references"),
+            f"{r['new_tokens'] / (t['references'] - (t.get('references_setup') or 0.0)):.1f} new tok/s after set-up",
+        ),
+        ("  of which engine set-up", t.get("references_setup"), ""),
+        *steady_rows(r, "references"),
+        ("features, first use in the process", t.get("features"), f"{toks / t['features']:.1f} tok/s"),
+        *steady_rows(r, "features"),
+        ("replay", t.get("replay"), f"{r['new_tokens'] / t['replay']:.1f} tok/s"),
+        ("drafter=init built again (its own cost)", r["drafter_init_s"], ""),
+        ("drafter loaded from a saved HF folder (a checkpoint's load)", r["drafter_hf_s"], ""),
+        ("the whole pipeline.run", r["wall"], ""),
+    ]
     lines += [f"  {name:<62} {'-' if v is None else f'{v:8.2f} s'}  {extra}" for name, v, extra in rows]
     lines += against_floors(r)
     lines.append(f"  peak RSS {r['peak_rss'] / 1e9:.1f} GB; τ {r['tau']:.3f} (random drafter)")
     ratio = pt["replay"] / pt["features"]
-    lines.append(f"  replay per token / feature pass per token{' (steady)' if _steady(r) else ''}: {pt['replay'] * 1e3:.2f} / "
-                 f"{pt['features'] * 1e3:.2f} ms = {ratio:.2f}x (target <= 0.5x)")
+    lines.append(
+        f"  replay per token / feature pass per token{' (steady)' if _steady(r) else ''}: {pt['replay'] * 1e3:.2f} / "
+        f"{pt['features'] * 1e3:.2f} ms = {ratio:.2f}x (target <= 0.5x)"
+    )
     modes = r.get("replay_modes", {})
     for mode, sec in modes.items():
-        lines.append(f"  replay again, {mode}: {sec:.2f} s = {sec / r['new_tokens'] / pt['features']:.2f}x the feature pass per token")
+        lines.append(
+            f"  replay again, {mode}: {sec:.2f} s = {sec / r['new_tokens'] / pt['features']:.2f}x the feature pass per "
+            f"token"
+        )
     lines += projected_replay(modes, r["new_tokens"], r["tau"], pt["features"], r.get("block_size", 16))
-    lines.append(f"  drafter load from a file: {r['drafter_hf_s']:.2f} s (target <= 2 s; its sha256 in a thread beside it, "
-                 f"+{r.get('drafter_digest_wait_s', 0):.2f} s if awaited at once); drafter=init: {r['drafter_init_s']:.2f} s")
+    lines.append(
+        f"  drafter load from a file: {r['drafter_hf_s']:.2f} s (target <= 2 s; its sha256 in a thread beside it, "
+        f"+{r.get('drafter_digest_wait_s', 0):.2f} s if awaited at once); drafter=init: {r['drafter_init_s']:.2f} s"
+    )
     ref_s = pt["references"] * PROTOCOL_TOKENS * PROTOCOL_PROMPTS
     feat_s = pt["features"] * (r["prompt_tokens"] / r["prompts"] + PROTOCOL_TOKENS) * PROTOCOL_PROMPTS
     rep_s = pt["replay"] * PROTOCOL_TOKENS * PROTOCOL_PROMPTS
     once = _first_use(r)
-    first = t.get("load_target", 0) + ref_s + (t.get("references_setup") or 0) + feat_s + rep_s + r["drafter_hf_s"] + once
-    lines.append(f"  projected, one data set of the field's protocol ({PROTOCOL_PROMPTS} prompts x {PROTOCOL_TOKENS} new tokens, the per-token "
-                 f"costs above{', steady,' if _steady(r) else ''} at this run's batch and lengths): references {ref_s / 60:.1f} min, "
-                 f"features {feat_s / 60:.1f} min, replay {rep_s / 60:.1f} min; first checkpoint {first / 3600:.2f} h (first use's "
-                 f"{once:.0f} s once included), each further checkpoint (references and features cached) {(rep_s + r['drafter_hf_s']) / 60:.1f} min")
+    first = (
+        t.get("load_target", 0) + ref_s + (t.get("references_setup") or 0) + feat_s + rep_s + r["drafter_hf_s"] + once
+    )
+    lines.append(
+        f"  projected, one data set of the field's protocol ({PROTOCOL_PROMPTS} prompts x {PROTOCOL_TOKENS} new "
+        f"tokens, the per-token "
+        f"costs above{', steady,' if _steady(r) else ''} at this run's batch and lengths): references {ref_s / 60:.1f} "
+        f"min, "
+        f"features {feat_s / 60:.1f} min, replay {rep_s / 60:.1f} min; first checkpoint {first / 3600:.2f} h (first "
+        f"use's "
+        f"{once:.0f} s once included), each further checkpoint (references and features cached) "
+        f"{(rep_s + r['drafter_hf_s']) / 60:.1f} min"
+    )
     for x in r.get("engine_rates", []):
         step_ms = x["seconds"] * 1e3 / max(1, r["max_new_tokens"])
-        lines.append(f"  engine {x['method']:<16} batch {x['batch']}: set-up {x['setup_s']:.1f} s, {step_ms:.2f} ms per step "
-                     f"({x['tokens']} tokens in {x['seconds']:.2f} s)")
+        lines.append(
+            f"  engine {x['method']:<16} batch {x['batch']}: set-up {x['setup_s']:.1f} s, {step_ms:.2f} ms per step "
+            f"({x['tokens']} tokens in {x['seconds']:.2f} s)"
+        )
     rates = {x["method"]: x for x in r.get("engine_rates", [])}
     if {"engine", "engine+inductor"} <= set(rates):
         a, b = rates["engine"], rates["engine+inductor"]
-        save = (a["seconds"] - b["seconds"]) / max(1, r["max_new_tokens"])  # per step (the timed run: max_new_tokens steps at most)
+        save = (a["seconds"] - b["seconds"]) / max(
+            1, r["max_new_tokens"]
+        )  # per step (the timed run: max_new_tokens steps at most)
         extra = b["setup_s"] - a["setup_s"]
-        lines.append(f"  compile break-even: {extra:.1f} s more set-up / {save * 1e3:.2f} ms saved per step = "
-                     + (f"{extra / save:.0f} decode steps" if save > 0 else "never (no saving per step)"))
+        lines.append(
+            f"  compile break-even: {extra:.1f} s more set-up / {save * 1e3:.2f} ms saved per step = "
+            + (f"{extra / save:.0f} decode steps" if save > 0 else "never (no saving per step)")
+        )
     return lines
 
 
-def report(shape: str, cache_dir: str, tokenizer: Any, devices: list[str], sizes: dict[str, tuple[int, int]], engine: bool,
-           overrides: list[str], drafter: str = "dflash", profile: bool = False) -> str:
+def report(
+    shape: str,
+    cache_dir: str,
+    tokenizer: Any,
+    devices: list[str],
+    sizes: dict[str, tuple[int, int]],
+    engine: bool,
+    overrides: list[str],
+    drafter: str = "dflash",
+    profile: bool = False,
+) -> str:
     folder = build_vl(shape, Path(cache_dir, "bench", shape), tokenizer)  # freed before any child starts
     overrides = [*DRAFTERS[drafter], *overrides]
     results = []
     with tempfile.TemporaryDirectory(prefix="dflash-scale-cache-") as cache:
         for dev in devices:
             n, m = sizes[dev]
-            results.append(_child(dict(folder=str(folder), device=dev, prompts=n, max_new_tokens=m, cache_dir=cache, engine=engine,
-                                       overrides=overrides, profile=profile)))
+            results.append(
+                _child(
+                    dict(
+                        folder=str(folder),
+                        device=dev,
+                        prompts=n,
+                        max_new_tokens=m,
+                        cache_dir=cache,
+                        engine=engine,
+                        overrides=overrides,
+                        profile=profile,
+                    )
+                )
+            )
             shutil.rmtree(Path(cache, "features"), ignore_errors=True)
-    lines = [f"scale: random {shape} VL checkpoint at {folder} ({sum(p.stat().st_size for p in folder.glob('*.safetensors')) / 1e9:.1f} GB)"]
+    lines = [
+        f"scale: random {shape} VL checkpoint at {folder} "
+        f"({sum(p.stat().st_size for p in folder.glob('*.safetensors')) / 1e9:.1f} GB)"
+    ]
     for r in results:
         lines += format_device(r)
     lines.append("raw: " + json.dumps(results))

@@ -73,7 +73,9 @@ class OnlineBench:
     tau: float | None  # committed tokens per verify step, bonus included; None: no verify step
     same_as_target_only: float = 0.0  # fraction of prompts whose DFlash output equals target-only decoding's
     rates: list[Rate] = field(default_factory=list)  # target_only, dflash (, hf_static) at batch 1
-    step_ms: dict[str, float | None] = field(default_factory=dict)  # target_step, draft, verify, dflash_step, host; None: no step
+    step_ms: dict[str, float | None] = field(
+        default_factory=dict
+    )  # target_step, draft, verify, dflash_step, host; None: no step
     setup_detail: dict[str, float] = field(default_factory=dict)
 
     def rate(self, method: str) -> Rate | None:
@@ -106,7 +108,9 @@ def _cut(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 @torch.no_grad()
-def hf_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batch: int, static: bool) -> list[list[int]]:
+def hf_generate(
+    target: Target, prompts: list[list[int]], max_new_tokens: int, batch: int, static: bool
+) -> list[list[int]]:
     """transformers' greedy `generate` over left-padded batches (longest batch first, so a static
     cache sized once serves them all)."""
     eos, dev = target.eos_ids, target.device
@@ -116,12 +120,17 @@ def hf_generate(target: Target, prompts: list[list[int]], max_new_tokens: int, b
         ids = torch.zeros(len(rows), P, dtype=torch.long)
         mask = torch.zeros(len(rows), P, dtype=torch.long)
         for r, i in enumerate(rows):
-            ids[r, P - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[r, P - len(prompts[i]):] = 1
+            ids[r, P - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[r, P - len(prompts[i]) :] = 1
         kw = {"cache_implementation": "static"} if static else {}
         gen = target.model.generate(
-            input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=eos, pad_token_id=eos[0] if eos else 0, **kw,
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0] if eos else 0,
+            **kw,
         )
         for r, i in enumerate(rows):
             out[i] = _cut(gen[r, P:].tolist(), set(eos))
@@ -137,8 +146,14 @@ def _engine_generate(gen: Generator, prompts: list[list[int]]) -> list[list[int]
 
 
 @torch.no_grad()
-def bench_generation(target: Target, prompts: list[list[int]], max_new_tokens: int, batches: Sequence[int] = (1, 12),
-                     compile: bool | None = None, hf: bool = True) -> GenerationBench:
+def bench_generation(
+    target: Target,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batches: Sequence[int] = (1, 12),
+    compile: bool | None = None,
+    hf: bool = True,
+) -> GenerationBench:
     """References' speed: engine vs transformers' generate (dynamic and static cache) at each batch
     size. compile: None runs the engine both with and without inductor, True/False one of them."""
     dev = target.device
@@ -150,14 +165,20 @@ def bench_generation(target: Target, prompts: list[list[int]], max_new_tokens: i
         outs: dict[str, list[list[int]]] = {}
         methods: list[tuple[str, Callable[[], Callable[[], list[list[int]]]]]] = []
         if hf:
-            methods.append(("hf_dynamic", lambda: (lambda: hf_generate(target, prompts, max_new_tokens, b, static=False))))
+            methods.append(
+                ("hf_dynamic", lambda: (lambda: hf_generate(target, prompts, max_new_tokens, b, static=False)))
+            )
             if dev.type == "cuda":
-                methods.append(("hf_static", lambda: (lambda: hf_generate(target, prompts, max_new_tokens, b, static=True))))
+                methods.append(
+                    ("hf_static", lambda: (lambda: hf_generate(target, prompts, max_new_tokens, b, static=True)))
+                )
         for comp in variants:
+
             def make(comp=comp):
                 g = Generator(target, b, max(len(p) for p in prompts), max_new_tokens, compile=comp)
                 res.setup_detail[f"{'engine+inductor' if comp else 'engine'}@{b}"] = dict(g.eng.setup_s)
                 return lambda: _engine_generate(g, prompts)
+
             methods.append(("engine+inductor" if comp else "engine", make))
         for name, make in methods:
             log.info("bench_generation: %s, batch %d", name, b)
@@ -168,7 +189,9 @@ def bench_generation(target: Target, prompts: list[list[int]], max_new_tokens: i
             if name == "hf_static":  # not steady after one call (H200: 249 tok/s timed after one, 303 after two)
                 _timed(dev, run)
             outs[name], secs = _timed(dev, run)
-            res.rates.append(Rate(name, b, sum(len(o) for o in outs[name]), secs, setup_s=built + max(first - secs, 0.0)))
+            res.rates.append(
+                Rate(name, b, sum(len(o) for o in outs[name]), secs, setup_s=built + max(first - secs, 0.0))
+            )
         if "hf_dynamic" in outs:
             for name, o in outs.items():
                 if name != "hf_dynamic":
@@ -194,8 +217,15 @@ def _event_ms(fn: Callable[[], None], n: int, device: torch.device) -> float:
 
 
 @torch.no_grad()
-def bench_online(target: Target, drafter: DFlashDrafter, prompts: list[list[int]], max_new_tokens: int, compile: bool = True,
-                 hf_static: bool = True, backend: str = "sdpa") -> OnlineBench:
+def bench_online(
+    target: Target,
+    drafter: DFlashDrafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    compile: bool = True,
+    hf_static: bool = True,
+    backend: str = "sdpa",
+) -> OnlineBench:
     """Batch 1, prompt after prompt: DFlash online vs target-only decoding on the same engine (and
     transformers' static compiled generate on CUDA); the DFlash step split into draft and verify.
     compile: inductor before capture (CUDA only; ~80 s once for SmolLM2's shape on an H200)."""
@@ -264,7 +294,8 @@ def format_generation(g: GenerationBench) -> str:
         hf_s = g.rate("hf_static", r.batch)
         vs = f", {_x(r.tok_s, hf_s.tok_s)}x hf_static" if hf_s and r.method != "hf_static" and hf_s.tok_s else ""
         lines.append(
-            f"  {r.method:<16} batch {r.batch:>3}: {_f(r.tok_s, '.1f'):>9} tok/s ({r.tokens} tokens in {r.seconds:.2f} s{vs})"
+            f"  {r.method:<16} batch {r.batch:>3}: {_f(r.tok_s, '.1f'):>9} tok/s ({r.tokens} tokens in {r.seconds:.2f} "
+            f"s{vs})"
             f", setup {r.setup_s:.1f} s" + (f", same as hf_dynamic {same:.0%}" if same is not None else "")
         )
     return "\n".join(lines)
@@ -275,13 +306,17 @@ def format_online(o: OnlineBench, taus: Sequence[float] = (1.8, 3.0)) -> str:
     s = {k: _f(v, ".3f") for k, v in o.step_ms.items()}
     lines = [
         f"online, batch 1 ({o.device}, {o.dtype}, {o.prompts} prompts, {o.max_new_tokens} new tokens at most):",
-        f"  target-only {_f(t.tok_s, '.1f')} tok/s, DFlash {_f(d.tok_s, '.1f')} tok/s at τ {_f(o.tau, '.2f')} (same output: "
+        f"  target-only {_f(t.tok_s, '.1f')} tok/s, DFlash {_f(d.tok_s, '.1f')} tok/s at τ {_f(o.tau, '.2f')} (same "
+        f"output: "
         f"{o.same_as_target_only:.0%} of prompts): {_x(d.tok_s, t.tok_s)}x target-only"
         + (f", {_x(d.tok_s, h.tok_s)}x hf_static ({_f(h.tok_s, '.1f')} tok/s, setup {h.setup_s:.1f} s)" if h else ""),
         f"  per step: target-only {s['target_step']} ms; DFlash {s['dflash_step']} ms = draft {s['draft']} + verify "
         f"{s['verify']} + host {s['host']}; setup: engine {t.setup_s:.1f} s, DFlash {d.setup_s:.1f} s",
-        "  predicted from the time per step: " + ", ".join(
+        "  predicted from the time per step: "
+        + ", ".join(
             f"τ {x}: {_f(o.predicted_tok_s(x), '.0f')} tok/s ({_x(o.predicted_tok_s(x), t.tok_s)}x target-only"
-            + (f", {_x(o.predicted_tok_s(x), h.tok_s)}x hf_static)" if h else ")") for x in taus),
+            + (f", {_x(o.predicted_tok_s(x), h.tok_s)}x hf_static)" if h else ")")
+            for x in taus
+        ),
     ]
     return "\n".join(lines)

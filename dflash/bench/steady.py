@@ -39,25 +39,37 @@ def sequences(prep: pipeline.Prepared) -> list[list[int]]:
 def steady(cfg: EvalConfig, taps: list[int]) -> tuple[dict[str, Any], pipeline.Prepared]:
     """The references and features stages again in this process, kernels now compiled and autotuned: a new engine
     regenerating every reference (`references.refresh`), the features computed again with their memory memo and
-    disk cache emptied (as the first run found them), with the configured `features.batch_tokens` (resolved for the device)
+    disk cache emptied (as the first run found them), with the configured `features.batch_tokens` (resolved for the
+    device)
     and then the other batching (`_other_batching`). -> their timings, and what they prepared."""
     timings: dict[str, float] = {}
     prep = pipeline.prepare_run(pipeline.plan(replace(cfg, references=replace(cfg.references, refresh=True))), timings)
     bt = cfg.features.batch(prep.target.device.type == "cuda")
     stats, other = _features_again(cfg, prep, taps, bt), _other_batching(bt)
     alt = _features_again(cfg, prep, taps, other)
-    return dict(references=timings["references"], references_setup=timings.get("references_setup"), generated=prep.ref_stats.generated,
-                features=stats.seconds, feature_tokens=stats.computed_tokens, batch_tokens=bt,
-                features_other=alt.seconds, batch_tokens_other=other), prep
+    return dict(
+        references=timings["references"],
+        references_setup=timings.get("references_setup"),
+        generated=prep.ref_stats.generated,
+        features=stats.seconds,
+        feature_tokens=stats.computed_tokens,
+        batch_tokens=bt,
+        features_other=alt.seconds,
+        batch_tokens_other=other,
+    ), prep
 
 
 def _other_batching(batch_tokens: int | None) -> int | None:
-    """The feature pass's other batching, timed beside the configured one: batched if it runs one sequence per pass, else not."""
+    """The feature pass's other batching, timed beside the configured one: batched if it runs one sequence per pass,
+    else not."""
     return BATCH_TOKENS_CUDA if batch_tokens is None else None
 
 
-def _features_again(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], batch_tokens: int | None) -> FeatureStats:
-    """The features stage again with its memory memo and disk cache emptied (as the first run found them), timed after one
+def _features_again(
+    cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], batch_tokens: int | None
+) -> FeatureStats:
+    """The features stage again with its memory memo and disk cache emptied (as the first run found them), timed after
+    one
     untimed pass at this batching (its shapes' kernels compiled and autotuned, as in any later evaluation)."""
     for _ in range(2):
         PROCESS.memo("features").clear()
@@ -107,17 +119,26 @@ def decode_loop(target: Any, prompts: list[list[int]], steps: int) -> Callable[[
 def profiles(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], steps: int = 8) -> dict[str, str]:
     """`--scale-profile`: the top ops of a steady feature pass (nothing cached or kept) and of `steps` decode steps."""
     t, fc = prep.target, cfg.features
+
     def feature_pass(bt: int | None) -> Callable[[], Any]:
-        return lambda: deque(iter_features(t, sequences(prep), [taps], cfg.cache_dir, cache=False, chunk_tokens=fc.chunk_tokens,
-                                           batch_tokens=bt), maxlen=0)
+        return lambda: deque(
+            iter_features(
+                t, sequences(prep), [taps], cfg.cache_dir, cache=False, chunk_tokens=fc.chunk_tokens, batch_tokens=bt
+            ),
+            maxlen=0,
+        )
 
     bt = fc.batch(t.device.type == "cuda")
     other = _other_batching(bt)
-    out = {"feature pass": top_ops(feature_pass(bt), t.device),
-           f"feature pass with features.batch_tokens={other}": top_ops(feature_pass(other), t.device)}
+    out = {
+        "feature pass": top_ops(feature_pass(bt), t.device),
+        f"feature pass with features.batch_tokens={other}": top_ops(feature_pass(other), t.device),
+    }
     loop = decode_loop(t, prep.ids[: cfg.references.batch_size], steps)
     if loop is not None:
-        out[f"{steps} decode steps (eager) at batch {min(cfg.references.batch_size, len(prep.ids))}"] = top_ops(loop, t.device)
+        out[f"{steps} decode steps (eager) at batch {min(cfg.references.batch_size, len(prep.ids))}"] = top_ops(
+            loop, t.device
+        )
     return out
 
 
@@ -127,24 +148,44 @@ def per_step(references: float, setup: float | None, steps: int) -> float:
 
 
 def steady_rows(r: dict[str, Any], stage: str) -> list[tuple[str, float | None, str]]:
-    """The table's rows of `stage` (references or features) run again in the process (`steady`), under its first use's."""
+    """The table's rows of `stage` (references or features) run again in the process (`steady`), under its first
+    use's."""
     s, t, n = r.get("steady"), r["timings"], r.get("reference_steps", 0)
     if s is None:
         return []
     if stage == "features":
+
         def how(bt: int | None) -> str:
             return "one sequence per pass" if bt is None else f"batched, features.batch_tokens={bt}"
-        rows = [(f"features, steady (caches emptied, kernels warm; {how(s.get('batch_tokens'))})", s["features"],
-                 f"{s['feature_tokens'] / s['features']:.1f} tok/s")]
+
+        rows = [
+            (
+                f"features, steady (caches emptied, kernels warm; {how(s.get('batch_tokens'))})",
+                s["features"],
+                f"{s['feature_tokens'] / s['features']:.1f} tok/s",
+            )
+        ]
         if s.get("features_other") is not None:
-            rows.append((f"features, steady, {how(s['batch_tokens_other'])}", s["features_other"],
-                         f"{s['feature_tokens'] / s['features_other']:.1f} tok/s = {s['features_other'] / s['features']:.2f}x the row above"))
+            rows.append(
+                (
+                    f"features, steady, {how(s['batch_tokens_other'])}",
+                    s["features_other"],
+                    f"{s['feature_tokens'] / s['features_other']:.1f} tok/s = "
+                    f"{s['features_other'] / s['features']:.2f}x the row above",
+                )
+            )
         return rows
     first = per_step(t["references"], t.get("references_setup"), n)
-    return [("references, steady (again: a new engine, kernels warm)", s["references"],
-             f"{per_step(s['references'], s['references_setup'], n) * 1e3:.2f} ms per step after set-up ({first * 1e3:.2f} ms at first "
-             f"use; {n} steps, prefill included)"),
-            ("  of which engine set-up", s["references_setup"], "")]
+    return [
+        (
+            "references, steady (again: a new engine, kernels warm)",
+            s["references"],
+            f"{per_step(s['references'], s['references_setup'], n) * 1e3:.2f} ms per step after set-up "
+            f"({first * 1e3:.2f} ms at first "
+            f"use; {n} steps, prefill included)",
+        ),
+        ("  of which engine set-up", s["references_setup"], ""),
+    ]
 
 
 def against_floors(r: dict[str, Any]) -> list[str]:
@@ -154,12 +195,18 @@ def against_floors(r: dict[str, Any]) -> list[str]:
         return []
     step = per_step(s["references"], s["references_setup"], r["reference_steps"])
     M, K, N = f["gemm_shape"]
-    lines = [f"  floors on {r['device']}: bf16 GEMM [{M} x {K}] @ [{K} x {N}] {f['gemm_tflops']:.1f} TFLOP/s; copy {f['copy_gbps']:.1f} GB/s "
-             "(read + written)",
-             f"  features steady / arithmetic floor = {s['features']:.3f} / {f['arithmetic_s']:.3f} s = {s['features'] / f['arithmetic_s']:.1f}x "
-             f"(2 x the linear weights of layers 0..{f['layers'] - 1} x {s['feature_tokens']} tokens = {f['forward_flops'] / 1e12:.3g} TFLOP)",
-             f"  references per step / weight-read floor = {step * 1e3:.2f} / {f['weight_read_s'] * 1e3:.2f} ms = {step / f['weight_read_s']:.1f}x "
-             f"({f['weight_bytes'] / 1e9:.3g} GB of weights read once per step)"]
+    lines = [
+        f"  floors on {r['device']}: bf16 GEMM [{M} x {K}] @ [{K} x {N}] {f['gemm_tflops']:.1f} TFLOP/s; copy "
+        f"{f['copy_gbps']:.1f} GB/s "
+        "(read + written)",
+        f"  features steady / arithmetic floor = {s['features']:.3f} / {f['arithmetic_s']:.3f} s = "
+        f"{s['features'] / f['arithmetic_s']:.1f}x "
+        f"(2 x the linear weights of layers 0..{f['layers'] - 1} x {s['feature_tokens']} tokens = "
+        f"{f['forward_flops'] / 1e12:.3g} TFLOP)",
+        f"  references per step / weight-read floor = {step * 1e3:.2f} / {f['weight_read_s'] * 1e3:.2f} ms = "
+        f"{step / f['weight_read_s']:.1f}x "
+        f"({f['weight_bytes'] / 1e9:.3g} GB of weights read once per step)",
+    ]
     unit = "self CUDA time" if r["device"].startswith("cuda") else "self CPU time"
     for name, table in r.get("profiles", {}).items():
         lines.append(f"  profile, {name}, steady (top ops by {unit}):")

@@ -57,9 +57,21 @@ from dflash.util.memo import PROCESS
 from dflash.util.progress import configure, log
 
 SHAPES = {  # random targets for `scale`: transformers config class and fields
-    "qwen3_8b": ("Qwen3Config", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                                     rope_theta=1e6, tie_word_embeddings=False)),
+    "qwen3_8b": (
+        "Qwen3Config",
+        dict(
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            max_position_embeddings=40960,
+            rope_theta=1e6,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 
@@ -77,7 +89,9 @@ def timed_run(cfg: config_mod.EvalConfig) -> tuple[float, EvalResult]:
     return time.perf_counter() - t, res
 
 
-def evaluate_processes(cfg: config_mod.EvalConfig, overrides: list[str], jobs: list[config_mod.EvalConfig]) -> tuple[float, float]:
+def evaluate_processes(
+    cfg: config_mod.EvalConfig, overrides: list[str], jobs: list[config_mod.EvalConfig]
+) -> tuple[float, float]:
     """Wall seconds of `python evaluate.py` on the first checkpoint and of `-m` over all of them, as a
     user runs them (imports, MLflow logging to a temporary store included), each with no features cached."""
     steps = ",".join(str(j.drafter.step) for j in jobs)
@@ -86,8 +100,16 @@ def evaluate_processes(cfg: config_mod.EvalConfig, overrides: list[str], jobs: l
         env = {**os.environ, "DFLASH_CACHE_DIR": cfg.cache_dir, "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}
         for flag, step in (([], jobs[0].drafter.step), (["-m"], steps)):
             shutil.rmtree(Path(cfg.cache_dir, "features"), ignore_errors=True)
-            cmd = [sys.executable, "-m", "dflash", *flag, *overrides, f"drafter.step={step}", f"hydra.run.dir={store}/run",
-                   f"hydra.sweep.dir={store}/multi"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "dflash",
+                *flag,
+                *overrides,
+                f"drafter.step={step}",
+                f"hydra.run.dir={store}/run",
+                f"hydra.sweep.dir={store}/multi",
+            ]
             t = time.perf_counter()
             subprocess.run(cmd, cwd=store, env=env, check=True, capture_output=True)
             times.append(time.perf_counter() - t)
@@ -117,10 +139,16 @@ def warm_profile(cfg: config_mod.EvalConfig, top: int = 30) -> list[str]:
     pr.disable()
     out = io.StringIO()
     pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(top)
-    return [line.replace(str(Path(__file__).resolve().parents[2]) + "/", "") for line in out.getvalue().splitlines() if line.strip()]
+    return [
+        line.replace(str(Path(__file__).resolve().parents[2]) + "/", "")
+        for line in out.getvalue().splitlines()
+        if line.strip()
+    ]
 
 
-def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str], profile: bool = False) -> tuple[str, EvalResult, float]:
+def sweep(
+    cfg: config_mod.EvalConfig, n: int, overrides: list[str], profile: bool = False
+) -> tuple[str, EvalResult, float]:
     jobs = checkpoints(cfg, n)
     fresh_process(cfg)
     w1, r1 = timed_run(jobs[0])
@@ -132,41 +160,64 @@ def sweep(cfg: config_mod.EvalConfig, n: int, overrides: list[str], profile: boo
     wn = time.perf_counter() - t
     fresh_process()
     w3, r3 = timed_run(jobs[0])  # a new process: features from disk
-    warm, rw = min((timed_run(jobs[-1]) for _ in range(3)), key=lambda x: x[0])  # target loaded, features in memory: best of 3
+    warm, rw = min(
+        (timed_run(jobs[-1]) for _ in range(3)), key=lambda x: x[0]
+    )  # target loaded, features in memory: best of 3
     names = ", ".join(j.drafter.name or pipeline.run_name(j.drafter) for j in jobs)
     procs = ""
     if cfg.drafter.kind == "training" and len({j.drafter.step for j in jobs}) == n:
         p1, pn = evaluate_processes(cfg, overrides, jobs)
         tracked = "MLflow included" if cfg.tracking.enabled else "tracking disabled"
-        procs = f"\n  as processes (python evaluate.py, {tracked}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: {pn / p1:.2f}x one run"
+        procs = (
+            f"\n  as processes (python evaluate.py, {tracked}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: "
+            f"{pn / p1:.2f}x one run"
+        )
     lines = [
         f"sweep of {n} checkpoints ({names}) in one process vs one single run:",
         f"  single run {w1:.2f} s (features {f1:.2f} s, replay {r1.timings.get('replay', 0):.2f} s, "
         f"load target {r1.timings.get('load_target', 0):.2f} s); "
         f"sweep {wn:.2f} s: {wn / w1:.2f}x one run (target <= 1.3x for 2)" + procs,
-        f"  a new process with features on disk: features {r3.timings['features']:.3f} s = {r3.timings['features'] / f1:.1%} of the first run's "
+        f"  a new process with features on disk: features {r3.timings['features']:.3f} s = "
+        f"{r3.timings['features'] / f1:.1%} of the first run's "
         f"(target <= 20%), run {w3:.2f} s",
         f"  warm per checkpoint (target loaded, features in memory; best of 3): {warm:.3f} s ("
         + ", ".join(f"{k} {v:.3f}" for k, v in rw.timings.items())
         + f"; outside the stages {warm - sum(rw.timings.values()):.3f})",
-        f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over {int(r1.metrics['prompts'])} prompts",
+        f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over "
+        f"{int(r1.metrics['prompts'])} prompts",
     ]
     if profile:
-        lines += ["  profile of one more warm run (cProfile, host seconds; --sweep-profile):", *("    " + x for x in warm_profile(jobs[-1]))]
+        lines += [
+            "  profile of one more warm run (cProfile, host seconds; --sweep-profile):",
+            *("    " + x for x in warm_profile(jobs[-1])),
+        ]
     return "\n".join(lines), r1, warm
 
 
 def online(cfg: config_mod.EvalConfig, res: EvalResult, warm: float, n: int, eager: bool = False) -> str:
     fresh_process()
     t = cfg.target
-    target, drafter = pipeline.load_models(cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {})
+    target, drafter = pipeline.load_models(
+        cfg, target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context), {}
+    )
     prompts = [r.prompt_ids for r in res.prompts[:n]]
-    compiled = target.device.type == "cuda" and not eager  # eager: CUDA graphs alone, no inductor compile, no static-generate baseline
-    o = bench_online(target, drafter.model, prompts, cfg.prompts.max_new_tokens, compile=compiled, hf_static=compiled, backend=cfg.attention.drafter)
+    compiled = (
+        target.device.type == "cuda" and not eager
+    )  # eager: CUDA graphs alone, no inductor compile, no static-generate baseline
+    o = bench_online(
+        target,
+        drafter.model,
+        prompts,
+        cfg.prompts.max_new_tokens,
+        compile=compiled,
+        hf_static=compiled,
+        backend=cfg.attention.drafter,
+    )
     spec = o.rate("dflash")
     share = len(prompts) / len(res.prompts)  # the offline run covered every prompt
     return format_online(o) + (
-        f"\n  offline evaluation per checkpoint (warm, {len(res.prompts)} prompts) {warm:.2f} s vs the online loop on the same prompts "
+        f"\n  offline evaluation per checkpoint (warm, {len(res.prompts)} prompts) {warm:.2f} s vs the online loop on "
+        f"the same prompts "
         f"{spec.seconds / share:.2f} s{' (scaled from ' + str(len(prompts)) + ' prompts)' if share < 1 else ''}: "
         f"{spec.seconds / share / warm:.1f}x cheaper (target >= 5x on CPU, >= 50x on GPU)"
     )
@@ -194,10 +245,20 @@ def replay_modes(cfg: config_mod.EvalConfig, rounds: int = 3) -> str:
             t = res.total
             loops[anchors, stride] = (t.steps, t.committed, t.committed_uncapped, t.accepted_at_pos, t.commit_hist)
     base, n = best["all", 1], int(res.metrics["new_tokens"])
-    lines = [f"replay modes ({int(res.metrics['prompts'])} prompts, {n} new tokens, τ {res.metrics['acceptance_length']:.3f}; best of {rounds}):"]
+    lines = [
+        f"replay modes ({int(res.metrics['prompts'])} prompts, {n} new tokens, τ "
+        f"{res.metrics['acceptance_length']:.3f}; best of {rounds}):"
+    ]
     for (anchors, stride), sec in best.items():
-        same = "same loop counters as all" if loops[anchors, stride] == loops["all", 1] else "LOOP COUNTERS DIFFER FROM all"
-        lines.append(f"  replay.anchors={anchors} replay.tf_stride={stride}: {sec:.2f} s, {n / sec:.0f} tok/s, {sec / base:.2f}x all ({same})")
+        same = (
+            "same loop counters as all"
+            if loops[anchors, stride] == loops["all", 1]
+            else "LOOP COUNTERS DIFFER FROM all"
+        )
+        lines.append(
+            f"  replay.anchors={anchors} replay.tf_stride={stride}: {sec:.2f} s, {n / sec:.0f} tok/s, "
+            f"{sec / base:.2f}x all ({same})"
+        )
     return "\n".join(lines)
 
 
@@ -232,8 +293,12 @@ def scale_child(where: str, lengths: list[int], device: str) -> None:
     else:
         cls, fields = SHAPES[where]
         with torch.device(device):
-            model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**fields), dtype=torch.bfloat16).eval()
-        t = target_mod.Target(model=model, tokenizer=None, identity=f"random-{where}", source=where, max_context=1 << 20)
+            model = transformers.AutoModelForCausalLM.from_config(
+                getattr(transformers, cls)(**fields), dtype=torch.bfloat16
+            ).eval()
+        t = target_mod.Target(
+            model=model, tokenizer=None, identity=f"random-{where}", source=where, max_context=1 << 20
+        )
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
     L = t.num_layers
     taps = [round(1 + i * (L - 4) / 4) for i in range(5)]
@@ -248,26 +313,49 @@ def scale_child(where: str, lengths: list[int], device: str) -> None:
     if device != "cpu":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "weights": weights, "seconds": secs,
-                      "tokens": sum(lengths), "taps": taps}))
+    print(
+        json.dumps(
+            {
+                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "weights": weights,
+                "seconds": secs,
+                "tokens": sum(lengths),
+                "taps": taps,
+            }
+        )
+    )
 
 
 def scale(cfg: config_mod.EvalConfig, res: EvalResult, shape: str, prompts: int | None = None) -> str:
     lengths = [len(r.prompt_ids) + len(r.reference) for r in res.prompts][:prompts]
-    timed = sum(lengths) / sum(len(r.prompt_ids) + len(r.reference) for r in res.prompts)  # SmolLM2's feature time, scaled to these tokens
+    timed = sum(lengths) / sum(
+        len(r.prompt_ids) + len(r.reference) for r in res.prompts
+    )  # SmolLM2's feature time, scaled to these tokens
     device = "cuda" if torch.cuda.is_available() and cfg.device.name != "cpu" else "cpu"
     t = cfg.target
-    tokenizer = target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context).tokenizer  # saved beside the random weights
+    tokenizer = target_mod.inspect_target(
+        t.kind, t.path, cfg.cache_dir, t.max_context
+    ).tokenizer  # saved beside the random weights
     where = str(random_target(shape, cfg.cache_dir, tokenizer)) if device == "cpu" else shape
-    out = subprocess.run([sys.executable, "-m", "dflash.bench", "--scale-child", where, device, json.dumps(lengths)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dflash.bench", "--scale-child", where, device, json.dumps(lengths)],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode:
         return f"scale: the child failed:\n{out.stderr[-2000:]}"
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    rss = (f", peak RSS {r['peak_rss'] / 1e9:.2f} GB = {r['peak_rss'] / r['weights']:.2f}x the weights (target <= 1.3x)" if device == "cpu" else "")
-    return (f"scale: random {shape} ({r['weights'] / 1e9:.2f} GB of bf16 weights, taps {r['taps']}), feature pass over {r['tokens']} tokens "
-            f"on {device}: {r['seconds']:.2f} s{rss}; SmolLM2 on the same tokens: {res.timings['features'] * timed:.2f} s "
-            f"({r['seconds'] / max(res.timings['features'] * timed, 1e-9):.0f}x)")
+    rss = (
+        f", peak RSS {r['peak_rss'] / 1e9:.2f} GB = {r['peak_rss'] / r['weights']:.2f}x the weights (target <= 1.3x)"
+        if device == "cpu"
+        else ""
+    )
+    return (
+        f"scale: random {shape} ({r['weights'] / 1e9:.2f} GB of bf16 weights, taps {r['taps']}), feature pass over "
+        f"{r['tokens']} tokens "
+        f"on {device}: {r['seconds']:.2f} s{rss}; SmolLM2 on the same tokens: {res.timings['features'] * timed:.2f} s "
+        f"({r['seconds'] / max(res.timings['features'] * timed, 1e-9):.0f}x)"
+    )
 
 
 def vl_scale(cfg: config_mod.EvalConfig, a: argparse.Namespace) -> str:
@@ -275,37 +363,86 @@ def vl_scale(cfg: config_mod.EvalConfig, a: argparse.Namespace) -> str:
     from transformers import AutoTokenizer
 
     t = cfg.target
-    tok = AutoTokenizer.from_pretrained(a.scale_tokenizer) if a.scale_tokenizer else target_mod.inspect_target(
-        t.kind, t.path, cfg.cache_dir, t.max_context).tokenizer
+    tok = (
+        AutoTokenizer.from_pretrained(a.scale_tokenizer)
+        if a.scale_tokenizer
+        else target_mod.inspect_target(t.kind, t.path, cfg.cache_dir, t.max_context).tokenizer
+    )
     devices = (a.scale_devices or ("cuda" if torch.cuda.is_available() else "cpu")).split(",")
-    sizes = {d: tuple(int(x) for x in (a.scale_gpu if d.startswith("cuda") else a.scale_cpu).split("x")) for d in devices}
+    sizes = {
+        d: tuple(int(x) for x in (a.scale_gpu if d.startswith("cuda") else a.scale_cpu).split("x")) for d in devices
+    }
     extra = [o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention"))]
-    return bench_scale.report(a.scale, str(Path(cfg.cache_dir).resolve()), tok, devices, sizes, a.scale_engine, extra, a.scale_drafter,
-                              a.scale_profile)
+    return bench_scale.report(
+        a.scale,
+        str(Path(cfg.cache_dir).resolve()),
+        tok,
+        devices,
+        sizes,
+        a.scale_engine,
+        extra,
+        a.scale_drafter,
+        a.scale_profile,
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=int, default=2, help="checkpoints in the sweep section")
     ap.add_argument("--online", type=int, default=12, help="prompts for the online loop")
-    ap.add_argument("--online-eager", action="store_true",
-                    help="CUDA: the online section without inductor (CUDA graphs alone) and without transformers' static compiled "
-                         "generate: no compile (minutes), for a short GPU call")
-    ap.add_argument("--sweep-profile", action="store_true", help="sweep: also a cProfile of one more warm run (where its seconds go)")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: sweep, replay, online, generation, scale")
-    ap.add_argument("--scale", default="qwen3_8b", choices=sorted(SHAPES) + sorted(bench_scale.SHAPES),
-                    help="the random target shape of the scale section")
-    ap.add_argument("--scale-devices", default=None, help="VL shapes: devices to evaluate on, e.g. cuda,cpu (default: cuda if present, else cpu)")
+    ap.add_argument(
+        "--online-eager",
+        action="store_true",
+        help="CUDA: the online section without inductor (CUDA graphs alone) and without transformers' static compiled "
+        "generate: no compile (minutes), for a short GPU call",
+    )
+    ap.add_argument(
+        "--sweep-profile",
+        action="store_true",
+        help="sweep: also a cProfile of one more warm run (where its seconds go)",
+    )
+    ap.add_argument(
+        "--skip", default="", help="comma-separated sections to skip: sweep, replay, online, generation, scale"
+    )
+    ap.add_argument(
+        "--scale",
+        default="qwen3_8b",
+        choices=sorted(SHAPES) + sorted(bench_scale.SHAPES),
+        help="the random target shape of the scale section",
+    )
+    ap.add_argument(
+        "--scale-devices",
+        default=None,
+        help="VL shapes: devices to evaluate on, e.g. cuda,cpu (default: cuda if present, else cpu)",
+    )
     ap.add_argument("--scale-gpu", default="12x256", help="VL shapes on CUDA: prompts x max_new_tokens")
     ap.add_argument("--scale-cpu", default="4x64", help="VL shapes on CPU: prompts x max_new_tokens")
-    ap.add_argument("--scale-engine", action="store_true", help="VL shapes on CUDA: also the references engine with and without inductor")
-    ap.add_argument("--scale-tokenizer", default=None, help="VL shapes: a tokenizer folder (default: the configured target's)")
-    ap.add_argument("--scale-drafter", default="dflash", choices=sorted(bench_scale.DRAFTERS),
-                    help="VL shapes: the 5-layer drafter=init evaluated (dflash2: SpecForge's 27B example, block 8, window 2048)")
-    ap.add_argument("--scale-profile", action="store_true",
-                    help="VL shapes: also the top ops (torch.profiler) of a steady feature pass and of a few decode steps")
+    ap.add_argument(
+        "--scale-engine",
+        action="store_true",
+        help="VL shapes on CUDA: also the references engine with and without inductor",
+    )
+    ap.add_argument(
+        "--scale-tokenizer", default=None, help="VL shapes: a tokenizer folder (default: the configured target's)"
+    )
+    ap.add_argument(
+        "--scale-drafter",
+        default="dflash",
+        choices=sorted(bench_scale.DRAFTERS),
+        help="VL shapes: the 5-layer drafter=init evaluated (dflash2: SpecForge's 27B example, block 8, window 2048)",
+    )
+    ap.add_argument(
+        "--scale-profile",
+        action="store_true",
+        help="VL shapes: also the top ops (torch.profiler) of a steady feature pass and of a few decode steps",
+    )
     ap.add_argument("--scale-eval", help=argparse.SUPPRESS)
-    ap.add_argument("--scale-prompts", type=int, default=None, help="the first N prompts' tokens in the scale section (default: all)")
+    ap.add_argument(
+        "--scale-prompts",
+        type=int,
+        default=None,
+        help="the first N prompts' tokens in the scale section (default: all)",
+    )
     ap.add_argument("--scale-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
@@ -327,16 +464,23 @@ def main() -> None:
             print(vl_scale(cfg, a), flush=True)
             return
         res = pipeline.run(cfg)  # references generated and the target converted if this machine has not yet: not timed
-        warm = sum(res.timings.get(k, 0.0) for k in ("load_drafter", "replay"))  # without --sweep: the warm cost, roughly
-        report = [f"dflash.bench on {torch.get_num_threads()} CPU threads, torch {torch.__version__}, device {cfg.device.name}"]
+        warm = sum(
+            res.timings.get(k, 0.0) for k in ("load_drafter", "replay")
+        )  # without --sweep: the warm cost, roughly
+        report = [
+            f"dflash.bench on {torch.get_num_threads()} CPU threads, torch {torch.__version__}, device "
+            f"{cfg.device.name}"
+        ]
         if "sweep" not in skip:
             text, res, warm = sweep(cfg, a.sweep, a.overrides, a.sweep_profile)
             report.append(text)
             print(text, flush=True)
-        for name, fn in (("replay", lambda: replay_modes(cfg)),
-                         ("online", lambda: online(cfg, res, warm, a.online, a.online_eager)),
-                         ("generation", lambda: generation(cfg, res)),
-                         ("scale", lambda: vl_scale(cfg, a) if vl else scale(cfg, res, a.scale, a.scale_prompts))):
+        for name, fn in (
+            ("replay", lambda: replay_modes(cfg)),
+            ("online", lambda: online(cfg, res, warm, a.online, a.online_eager)),
+            ("generation", lambda: generation(cfg, res)),
+            ("scale", lambda: vl_scale(cfg, a) if vl else scale(cfg, res, a.scale, a.scale_prompts)),
+        ):
             if name in skip:
                 continue
             try:
@@ -347,7 +491,6 @@ def main() -> None:
             report.append(text)
             print(text, flush=True)
     print("\n== summary\n" + "\n".join(report))
-
 
 
 def cli() -> None:

@@ -34,7 +34,15 @@ from typing import Any, Callable, Optional
 from dflash.config.compose import check_overrides, check_schema
 from dflash.config.schema import experiment_name
 from dflash.report.sweep import swept_values
-from dflash.util.errors import ConfigError, Terminated, UserError, exit_code, install_signal_handlers, signals_deferred, verbose
+from dflash.util.errors import (
+    ConfigError,
+    Terminated,
+    UserError,
+    exit_code,
+    install_signal_handlers,
+    signals_deferred,
+    verbose,
+)
 from dflash.util.files import atomic_write_text
 
 # --- Hydra job context and sweeps ----------------------------------------------------------------
@@ -94,7 +102,8 @@ def start_sweep(sweep_dir: str, name: str) -> SweepInfo:
     """A fresh sweep id, written where every job of this sweep reads it."""
     info = SweepInfo(uuid.uuid4().hex, name, sweep_dir)
     _write_json(
-        _state_dir(sweep_dir) / "sweep.json", {**dataclasses.asdict(info), "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        _state_dir(sweep_dir) / "sweep.json",
+        {**dataclasses.asdict(info), "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()},
     )
     return info
 
@@ -108,7 +117,10 @@ def read_sweep(sweep_dir: str) -> Optional[SweepInfo]:
 
 
 def record_job(sweep: SweepInfo, job: int, overrides: list[str], status: str, error: Optional[str] = None) -> None:
-    _write_json(_state_dir(sweep.dir) / sweep.id / f"job_{job}.json", {"job": job, "overrides": overrides, "status": status, "error": error})
+    _write_json(
+        _state_dir(sweep.dir) / sweep.id / f"job_{job}.json",
+        {"job": job, "overrides": overrides, "status": status, "error": error},
+    )
 
 
 def job_records(sweep: SweepInfo) -> list[dict[str, Any]]:
@@ -122,7 +134,9 @@ def job_records(sweep: SweepInfo) -> list[dict[str, Any]]:
 
 def _prog() -> str:
     p = Path(sys.argv[0])
-    return f"dflash-{p.parent.name}" if p.name == "__main__.py" else p.name or "dflash"  # python -m dflash.train: dflash-train
+    return (
+        f"dflash-{p.parent.name}" if p.name == "__main__.py" else p.name or "dflash"
+    )  # python -m dflash.train: dflash-train
 
 
 def report_error(e: BaseException) -> None:
@@ -184,7 +198,9 @@ def _finish_sweep(status: Optional[str] = None, reason: str = "") -> list[dict[s
     return failed
 
 
-def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: Optional[str] = None, reason: str = "") -> list[str]:
+def close_sweep(
+    uri: str, sweep_id: str, failed: list[dict[str, Any]], status: Optional[str] = None, reason: str = ""
+) -> list[str]:
     """End every parent of the sweep: the comparison of its children (dflash.report.sweep: table, plots,
     best τ, description), the failed jobs, and the status (None: FINISHED when every job passed, else
     FAILED). -> the parents' run ids."""
@@ -196,20 +212,35 @@ def close_sweep(uri: str, sweep_id: str, failed: list[dict[str, Any]], status: O
     for parent in parents:
         kids = parent.children
         values = swept_values([k.overrides for k in kids])
-        children = [sweep.Child.read(k.name, k.run_id, v, k.rows, k.params, RunIdentity(k.identity.target_identity, k.identity.dtype),
-                                     k.prompt_lookup_tau) for k, v in zip(kids, values)]
+        children = [
+            sweep.Child.read(
+                k.name,
+                k.run_id,
+                v,
+                k.rows,
+                k.params,
+                RunIdentity(k.identity.target_identity, k.identity.dtype),
+                k.prompt_lookup_tau,
+            )
+            for k, v in zip(kids, values)
+        ]
         table = sweep.sweep_table(children) if children else []
         bad_jobs = sorted({int(r["job"]) for r in failed} | {k.job for k in kids if k.status != "FINISHED"})
         final = status or ("FAILED" if bad_jobs else "FINISHED")
         fails = [f"job {r['job']} ({r.get('label') or ' '.join(r['overrides'])}): {r['error']}" for r in failed]
-        tags = {tracking.JOBS_TAG: f"{len(kids)} children, {len(bad_jobs)} failed", tracking.FAILED_JOBS_TAG: "; ".join(fails) or None}
+        tags = {
+            tracking.JOBS_TAG: f"{len(kids)} children, {len(bad_jobs)} failed",
+            tracking.FAILED_JOBS_TAG: "; ".join(fails) or None,
+        }
         if final != "FINISHED" and reason:
             tags[tracking.KILLED_TAG if final == "KILLED" else tracking.ERROR_TAG] = reason
         best = sweep.best(table)
         files = sweep.sweep_artifacts(children, title=parent.name) if children else {}
         note = console.sweep_markdown(parent.name, table, fails, final, reason)
         tracking.finish_parent(uri, parent.run_id, final, files, (best.run, best.run_id) if best else None, tags, note)
-        print(f"\n{note}\nMLflow: sweep parent {parent.run_id} at {uri}")  # the children side by side, on the console too
+        print(
+            f"\n{note}\nMLflow: sweep parent {parent.run_id} at {uri}"
+        )  # the children side by side, on the console too
     return [p.run_id for p in parents]
 
 
@@ -237,8 +268,12 @@ class SweepCallback(_sweep_callback_base()):
                 from dflash import tracking
 
                 target = OmegaConf.select(config, "target.name", default="target")
-                tracking.open_parent(uri, experiment_name(config.tracking, target), tracking.SweepFamily(info.id, info.name, info.dir),
-                                     config.tracking.artifact_location)
+                tracking.open_parent(
+                    uri,
+                    experiment_name(config.tracking, target),
+                    tracking.SweepFamily(info.id, info.name, info.dir),
+                    config.tracking.artifact_location,
+                )
         except UserError as e:
             report_error(e)
             sys.exit(exit_code(e))

@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_b", help="candidate: MLflow run id or run name")
     ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
     ap.add_argument("--out", type=Path, help="also write the table (CSV) and a plot of the gaps (PNG) into this folder")
-    ap.add_argument("--log-to", metavar="RUN_ID", help="also log the table and the plot to this MLflow run, under compare/")
+    ap.add_argument(
+        "--log-to", metavar="RUN_ID", help="also log the table and the plot to this MLflow run, under compare/"
+    )
     args = ap.parse_args(argv)
     from dflash import tracking
 
@@ -46,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         runs_a, runs_b = tracking.find_runs(args.uri, args.run_a), tracking.find_runs(args.uri, args.run_b)
         for arg, found in ((args.run_a, runs_a), (args.run_b, runs_b)):
             if not found:
-                raise CompareError(f"no finished run with id or name {arg!r} in {args.uri}; list them with: mlflow ui --backend-store-uri {args.uri}")
+                raise CompareError(
+                    f"no finished run with id or name {arg!r} in {args.uri}; list them with: mlflow ui "
+                    f"--backend-store-uri {args.uri}"
+                )
         rows: dict[str, tuple[list[PromptRow], RunIdentity]] = {}
 
         def run(run_id: str) -> tuple[list[PromptRow], RunIdentity]:
@@ -56,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             return rows[run_id]
 
         def newest_pair() -> tuple[str, str, str, str, list[tuple[PromptRow, PromptRow]]]:
-            """The newest pair of runs that pairs (same prompts, digests, target and dtype), else why the newest does not.
+            """The newest pair of runs that pairs (same prompts, digests, target and dtype), else why the newest does
+            not.
             Newer pairs skipped on the way are named on stderr, with why."""
             skipped: list[tuple[str, CompareError]] = []
             for id_a, name_a in runs_a:
@@ -68,9 +74,14 @@ def main(argv: list[str] | None = None) -> int:
                         skipped.append((f"  {name_a} ({id_a[:8]}) vs {name_b} ({id_b[:8]}): {e}", e))
                         continue
                     if skipped:
-                        print(f"dflash-compare: skipped {len(skipped)} pair(s) of runs of these names that do not pair (newest first):\n"
-                              + "\n".join(line for line, _ in skipped[:5]) + ("\n  ..." if len(skipped) > 5 else "")
-                              + f"\ncomparing the newest pair that does: {name_a} ({id_a[:8]}) vs {name_b} ({id_b[:8]})", file=sys.stderr)
+                        print(
+                            f"dflash-compare: skipped {len(skipped)} pair(s) of runs of these names that do not pair "
+                            f"(newest first):\n"
+                            + "\n".join(line for line, _ in skipped[:5])
+                            + ("\n  ..." if len(skipped) > 5 else "")
+                            + f"\ncomparing the newest pair that does: {name_a} ({id_a[:8]}) vs {name_b} ({id_b[:8]})",
+                            file=sys.stderr,
+                        )
                     return id_a, name_a, id_b, name_b, pairs
             raise skipped[0][1] if skipped else CompareError("no pair of runs")
 
@@ -89,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dflash-compare: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"dflash-compare: error: cannot write {e.filename}: {e.strerror}; pass a writable --out folder", file=sys.stderr)
+        print(
+            f"dflash-compare: error: cannot write {e.filename}: {e.strerror}; pass a writable --out folder",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -30,7 +30,9 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
 
     c = compose.to_object(cfg)
     configure(c.progress)
-    if ctx.sweep is None and ctx.job_num is None:  # a single run fails fast, before torch, transformers and MLflow load;
+    if (
+        ctx.sweep is None and ctx.job_num is None
+    ):  # a single run fails fast, before torch, transformers and MLflow load;
         check_inputs(c)  # a sweep job gets its MLflow run, ended FAILED with the same error from the pipeline
 
     from dflash import tracking
@@ -40,13 +42,20 @@ def evaluate(cfg: DictConfig, ctx: JobContext) -> float | None:
 
     if c.device.gpu_per_job and ctx.job_num is not None:
         c.device.name = pipeline.job_device(c.device.name, ctx.job_num)
-    tags = {**{f"{tracking.GROUP_TAG}{k}": v for k, v in ctx.choices.items()}, tracking.OVERRIDES_TAG: json.dumps(ctx.overrides),
-            tracking.JOB_TAG: ctx.job_num}
+    tags = {
+        **{f"{tracking.GROUP_TAG}{k}": v for k, v in ctx.choices.items()},
+        tracking.OVERRIDES_TAG: json.dumps(ctx.overrides),
+        tracking.JOB_TAG: ctx.job_num,
+    }
     if c.series:  # several steps of a training run, or follow=true: one parent per training run
         from dflash.evaluation import series
 
         return series.evaluate_training_run(c, OmegaConf.to_yaml(cfg), tags).last_tau
-    parent = tracking.SweepFamily(ctx.sweep.id, ctx.sweep.name, ctx.sweep.dir) if ctx.sweep is not None and c.tracking.enabled else None
+    parent = (
+        tracking.SweepFamily(ctx.sweep.id, ctx.sweep.name, ctx.sweep.dir)
+        if ctx.sweep is not None and c.tracking.enabled
+        else None
+    )
     out = logged.evaluate(c, lambda: pipeline.run(c), OmegaConf.to_yaml(cfg), tags, parent=parent)
     print(console.summary(out.result, out.where, samples=samples_of(out.result, min(c.num_samples, 1))))
     return out.result.metrics["acceptance_length"]

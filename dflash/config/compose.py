@@ -33,7 +33,8 @@ def _dataclass_of(tp: Any) -> type | None:
 
 
 def unknown_keys(tree: dict[str, Any], schema: type, prefix: str = "") -> list[tuple[str, list[str]]]:
-    """Keys of a composed config (a plain dict) that its schema does not name -> [(dotted key, the keys the schema has there)]."""
+    """Keys of a composed config (a plain dict) that its schema does not name -> [(dotted key, the keys the schema has
+    there)]."""
     hints, names = get_type_hints(schema), [f.name for f in dataclasses.fields(schema)]
     out = []
     for k, v in tree.items():
@@ -50,8 +51,11 @@ def _unknown_key_error(bad: list[tuple[str, list[str]]]) -> ConfigError:
     where = key.rsplit(".", 1)[0] + "." if "." in key else ""
     hint = f" (did you mean {where}{near[0]}?)" if near else ""
     more = f"; also {', '.join(k for k, _ in bad[1:])}" if len(bad) > 1 else ""
-    return ConfigError(f"{key} is not a config key{hint}{more}. The keys {'of ' + where[:-1] if where else 'at the top'} are: {', '.join(names)} "
-                       "(schema: dflash/config/schema.py; it is strict: `+key=value` cannot add a key either)")
+    return ConfigError(
+        f"{key} is not a config key{hint}{more}. The keys {'of ' + where[:-1] if where else 'at the top'} are: "
+        f"{', '.join(names)} "
+        "(schema: dflash/config/schema.py; it is strict: `+key=value` cannot add a key either)"
+    )
 
 
 def check_schema(cfg: Any, schema: type = EvalConfig) -> None:
@@ -65,7 +69,9 @@ def check_schema(cfg: Any, schema: type = EvalConfig) -> None:
         raise _unknown_key_error(bad)
 
 
-GLOBAL_GROUPS = ("suite",)  # dflash/conf/ groups at @package _global_: they set hydra.* (a sweep's parameters), no key of the schema
+GLOBAL_GROUPS = (
+    "suite",
+)  # dflash/conf/ groups at @package _global_: they set hydra.* (a sweep's parameters), no key of the schema
 
 
 def check_overrides(args: list[str], schema: type = EvalConfig) -> None:
@@ -110,7 +116,9 @@ def to_object(cfg: Any, schema: type = EvalConfig) -> Any:
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
-        raise ConfigError(f"{e.full_key} has no value (??? in dflash/conf/): pass {e.full_key}=... on the command line") from e
+        raise ConfigError(
+            f"{e.full_key} has no value (??? in dflash/conf/): pass {e.full_key}=... on the command line"
+        ) from e
     except OmegaConfBaseException as e:
         raise ConfigError(str(e).strip()) from e
 

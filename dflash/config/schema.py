@@ -41,7 +41,7 @@ class TargetConfig:
     template: TemplateConfig = field(default_factory=TemplateConfig)
 
 
-INIT_ARCHS = ("dflash", "dflash2")  # drafter=init's architectures (DFLASH.md §8: dflash2)
+INIT_ARCHS = ("dflash", "dflash2")  # drafter=init's architectures (docs/family.md §8: dflash2)
 
 
 @dataclass
@@ -49,13 +49,17 @@ class DrafterSchema:
     kind: str = MISSING  # training | hf | init
     name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
     run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
-    step: Any = None  # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th): StepSelection
+    # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th):
+    # StepSelection
+    step: Any = None
     path: Optional[str] = None  # kind=hf
     # only where a checkpoint lacks them:
     block_size: Optional[int] = None
     mask_token_id: Optional[int] = None
     target_layer_ids: Optional[list[int]] = None
-    sliding_window: str = "apply"  # apply: sliding_attention layers as SGLang serves them; ignore: as full attention (z-lab's sdpa loop)
+    sliding_window: str = (
+        "apply"  # apply: sliding_attention layers as SGLang serves them; ignore: as full attention (z-lab's sdpa loop)
+    )
     # kind=init:
     num_layers: int = 1
     num_taps: Optional[int] = None  # null: the public rule, one tap per draft layer
@@ -65,43 +69,73 @@ class DrafterSchema:
     conv_group_size: int = 16  # arch=dflash2: channels sharing one dynamic coefficient (divides the hidden size)
     selector_rank: int = 256  # arch=dflash2
     selector_top_k: int = 16  # arch=dflash2
-    window: Optional[int] = None  # every layer sliding_attention with this window (public DFlash2 configs: 2048); null: full layers
-    is_causal: Optional[bool] = None  # the config's is_causal (public DFlash2: false); null: causal exactly on sliding layers
+    window: Optional[int] = (
+        None  # every layer sliding_attention with this window (public DFlash2 configs: 2048); null: full layers
+    )
+    is_causal: Optional[bool] = (
+        None  # the config's is_causal (public DFlash2: false); null: causal exactly on sliding layers
+    )
 
     def __post_init__(self) -> None:
-        init_only = {k: v for k, v in (("arch", self.arch != "dflash"), ("window", self.window is not None),
-                                       ("is_causal", self.is_causal is not None)) if v}
+        init_only = {
+            k: v
+            for k, v in (
+                ("arch", self.arch != "dflash"),
+                ("window", self.window is not None),
+                ("is_causal", self.is_causal is not None),
+            )
+            if v
+        }
         if init_only and self.kind not in ("init", "???"):
-            raise ConfigError(f"drafter.{next(iter(init_only))} shapes drafter=init only; a checkpoint's config says what it is "
-                              f"(drafter={self.kind})")
+            raise ConfigError(
+                f"drafter.{next(iter(init_only))} shapes drafter=init only; a checkpoint's config says what it is "
+                f"(drafter={self.kind})"
+            )
         if self.arch not in INIT_ARCHS and self.arch != "???":
             raise ConfigError(f"drafter.arch={self.arch!r}: use one of {', '.join(INIT_ARCHS)}")
         if self.window is not None and self.window < 1:
-            raise ConfigError(f"drafter.window={self.window}: use a positive number of positions (or null: full-attention layers)")
+            raise ConfigError(
+                f"drafter.window={self.window}: use a positive number of positions (or null: full-attention layers)"
+            )
         if self.step != "???":
             sel = StepSelection.parse(self.step)
             if sel.many and self.kind not in ("training", "???"):
-                raise ConfigError(f"drafter.step={self.step!r} selects several steps of a training run: it needs drafter=training "
-                                  f"(drafter.run_dir), not drafter={self.kind}")
+                raise ConfigError(
+                    f"drafter.step={self.step!r} selects several steps of a training run: it needs drafter=training "
+                    f"(drafter.run_dir), not drafter={self.kind}"
+                )
 
 
 @dataclass
 class PromptsConfig:
-    source: str = MISSING  # builtin | jsonl | humaneval_complete | a benchmark (dflash/stages/prompts/benchmarks.py: gsm8k, mt_bench, ...)
-    path: Optional[str] = None  # jsonl: the file; a benchmark: its local copy (file or hub-shaped folder); null: data_dir, else the hub
-    data_dir: Optional[str] = None  # a benchmark: a folder holding <name>/ (or <hub id>/) local copies, e.g. for a suite
+    # builtin | jsonl | humaneval_complete | a benchmark (dflash/stages/prompts/benchmarks.py: gsm8k, mt_bench, ...)
+    source: str = MISSING
+    path: Optional[str] = (
+        None  # jsonl: the file; a benchmark: its local copy (file or hub-shaped folder); null: data_dir, else the hub
+    )
+    data_dir: Optional[str] = (
+        None  # a benchmark: a folder holding <name>/ (or <hub id>/) local copies, e.g. for a suite
+    )
     num_prompts: Optional[int] = None
-    selection: Optional[str] = None  # a benchmark: shuffle (random.seed(seed), z-lab 2026-04) | hf_shuffle (z-lab 2026-01) | first
+    selection: Optional[str] = (
+        None  # a benchmark: shuffle (random.seed(seed), z-lab 2026-04) | hf_shuffle (z-lab 2026-01) | first
+    )
     seed: int = 42  # a benchmark's selection seed
     subsets: Optional[list[str]] = None
     max_new_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.selection is not None and self.selection not in ("shuffle", "hf_shuffle", "first", "???"):
-            raise ConfigError(f"prompts.selection={self.selection!r}: use shuffle, hf_shuffle or first (or null: the source's default)")
+            raise ConfigError(
+                f"prompts.selection={self.selection!r}: use shuffle, hf_shuffle or first (or null: the source's "
+                f"default)"
+            )
         if isinstance(self.max_new_tokens, int) and self.max_new_tokens < 2:
-            raise ConfigError(f"prompts.max_new_tokens={self.max_new_tokens}: use 2 or more (the first new token comes from the prefill; "
-                              "a verify step, which τ counts, needs at least one more)")
+            raise ConfigError(
+                f"prompts.max_new_tokens={self.max_new_tokens}: use 2 or more (the first new token comes from the "
+                f"prefill; "
+                "a verify step, which τ counts, needs at least one more)"
+            )
 
 
 @dataclass
@@ -120,17 +154,23 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.name, str) and not re.fullmatch(r"cpu|auto|mps|cuda(:\d+)?|\?\?\?", self.name):
-            raise ConfigError(f"device.name={self.name!r} is not a device: use cpu, cuda, cuda:<index>, auto or mps (device=cpu|cuda|auto)")
+            raise ConfigError(
+                f"device.name={self.name!r} is not a device: use cpu, cuda, cuda:<index>, auto or mps "
+                f"(device=cpu|cuda|auto)"
+            )
 
 
 @dataclass
-class ReferencesConfig:  # every references.* option, declared here only: dflash.stages.references.collect.ReferenceOptions adds their checks
+# every references.* option, declared here only: dflash.stages.references.collect.ReferenceOptions adds their checks
+class ReferencesConfig:
     source: str = "local"  # local | sglang | openai
     url: Optional[str] = None
     model: Optional[str] = None  # openai: the served model name
     batch_size: int = 16
-    compile: str = "auto"  # local on CUDA: inductor before the engine's CUDA graph capture: auto | true | false (auto: from compile_min_steps)
-    compile_min_steps: int = 10000  # auto compiles when the engine runs at least this many decode steps (ceil(prompts / batch) x max_new_tokens)
+    # local on CUDA: inductor before the engine's CUDA graph capture: auto | true | false (auto: from compile_min_steps)
+    compile: str = "auto"
+    # auto compiles when the engine runs at least this many decode steps (ceil(prompts / batch) x max_new_tokens)
+    compile_min_steps: int = 10000
     use_cache: bool = True  # false: neither read nor write the reference cache
     refresh: bool = False  # regenerate every reference and overwrite its cache entry
     concurrency: int = 8  # server: requests in flight at once
@@ -141,7 +181,8 @@ class ReferencesConfig:  # every references.* option, declared here only: dflash
     backoff_s: float = 1.0  # first back-off; doubles each retry
     probe_prompts: int = 0  # server: prompts also generated by the local target to measure agreement (0: off)
     probe_min_agreement: float = 0.9  # warn below this token agreement before the first divergence
-    temperature: float = 0.0  # 0: greedy references; > 0: sampled under z-lab's convention (greedy drafts accepted where they equal the sample)
+    # 0: greedy references; > 0: sampled under z-lab's convention (greedy drafts accepted where they equal the sample)
+    temperature: float = 0.0
     top_p: float = 1.0  # nucleus cut at temperature > 0 (1: none)
     top_k: int = 0  # top-k cut at temperature > 0 (0: none)
     seed: int = 0  # sampled references: the noise of token p is keyed by (seed, prompt, p), whatever the batch
@@ -155,15 +196,26 @@ class FeaturesConfig:
     cache: bool = True  # reuse tapped states: on disk across runs, in memory across the jobs of a -m sweep
     max_cache_gb: float = 10.0  # disk cap of <cache_dir>/features; least recently used files go first
     memory_gb: float = 2.0  # in-process cap
-    chunk_tokens: Optional[int] = 1024  # positions per target pass on long sequences (bounds activations); null: one pass
-    batch_tokens: Any = "auto"  # padded positions per target pass over consecutive sequences; null: one sequence per pass; auto: `batch`
+    chunk_tokens: Optional[int] = (
+        1024  # positions per target pass on long sequences (bounds activations); null: one pass
+    )
+    # padded positions per target pass over consecutive sequences; null: one sequence per pass; auto: `batch`
+    batch_tokens: Any = "auto"
 
     def __post_init__(self) -> None:
         for name in ("chunk_tokens", "batch_tokens"):
             v = getattr(self, name)
-            if v is not None and v != "???" and (isinstance(v, bool) or not isinstance(v, int) or v < 1) and (name, v) != ("batch_tokens", "auto"):
-                what = {"chunk_tokens": "tokens, or null for one pass",
-                        "batch_tokens": "padded tokens per target pass, null for one sequence per pass, or auto (batched on CUDA only)"}[name]
+            if (
+                v is not None
+                and v != "???"
+                and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
+                and (name, v) != ("batch_tokens", "auto")
+            ):
+                what = {
+                    "chunk_tokens": "tokens, or null for one pass",
+                    "batch_tokens": "padded tokens per target pass, null for one sequence per pass, or auto (batched "
+                    "on CUDA only)",
+                }[name]
                 raise ConfigError(f"features.{name}={v!r}: use a positive number of {what}")
         for name in ("max_cache_gb", "memory_gb"):
             v = getattr(self, name)
@@ -171,9 +223,12 @@ class FeaturesConfig:
                 raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
 
     def batch(self, cuda: bool) -> int | None:
-        """`batch_tokens` resolved, as measured (`python -m dflash.bench --scale`: the steady feature pass both ways): auto
-        batches on CUDA (one sequence per pass is bound by the host launching kernels, which batching divides by the batch)
-        and runs one sequence per pass on a CPU (the padding is computed and no launch is saved: scripts/feature_batching.py)."""
+        """`batch_tokens` resolved, as measured (`python -m dflash.bench --scale`: the steady feature pass both ways):
+        auto
+        batches on CUDA (one sequence per pass is bound by the host launching kernels, which batching divides by the
+        batch)
+        and runs one sequence per pass on a CPU (the padding is computed and no launch is saved:
+        scripts/feature_batching.py)."""
         if self.batch_tokens == "auto":
             return BATCH_TOKENS_CUDA if cuda else None
         return self.batch_tokens
@@ -181,22 +236,32 @@ class FeaturesConfig:
 
 @dataclass
 class ReplayConfig:
-    anchors: str = "auto"  # auto (see mode) | visited: only the anchors the loop visits (+ the tf ones) | all: every anchor
+    anchors: str = (
+        "auto"  # auto (see mode) | visited: only the anchors the loop visits (+ the tf ones) | all: every anchor
+    )
     tf_stride: int = 1  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor
     context_gb: float = 1.0  # visited: the drafter's context keys/values held for one lockstep group of prompts
 
     def __post_init__(self) -> None:
         if self.anchors not in ("auto", "visited", "all", "???"):
-            raise ConfigError(f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1 or on CUDA, else visited), visited (only the anchors "
-                              "the loop visits) or all (every anchor)")
+            raise ConfigError(
+                f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1 or on CUDA, else visited), visited "
+                f"(only the anchors "
+                "the loop visits) or all (every anchor)"
+            )
         if isinstance(self.tf_stride, int) and self.tf_stride < 1:
-            raise ConfigError(f"replay.tf_stride={self.tf_stride}: use 1 (teacher-forced accuracy at every anchor) or more (every s-th anchor)")
+            raise ConfigError(
+                f"replay.tf_stride={self.tf_stride}: use 1 (teacher-forced accuracy at every anchor) or more (every "
+                f"s-th anchor)"
+            )
         if isinstance(self.context_gb, (int, float)) and self.context_gb <= 0:
             raise ConfigError(f"replay.context_gb={self.context_gb}: use a positive size in GB (e.g. 1)")
 
     def mode(self, cuda: bool) -> str:
-        """`anchors` resolved, as measured (python -m dflash.bench: `replay` section; `--scale qwen3_6_27b`): auto drafts
-        every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the walk's lockstep would only add its cost),
+        """`anchors` resolved, as measured (python -m dflash.bench: `replay` section; `--scale qwen3_6_27b`): auto
+        drafts
+        every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the walk's lockstep would only add its
+        cost),
         only the visited ones with a stride on a CPU (LM-head and drafter FLOPs are the cost there), and every anchor on
         CUDA (batched passes cost little there; the lockstep's small steps cost more)."""
         if self.anchors != "auto":
@@ -232,8 +297,12 @@ class TrackingConfig:
 @dataclass
 class WatchConfig:  # follow=true: how the run folder is watched (dflash/evaluation/series.py, dflash/runs/watch.py)
     poll_s: float = 10.0  # seconds between looks at drafter.run_dir
-    settle_s: float = 5.0  # a complete-looking step folder is read once its files have not changed for this long (0: at once)
-    quiet_s: Optional[float] = None  # end after this long without a new step; null: never (SIGTERM or last_step ends it)
+    settle_s: float = (
+        5.0  # a complete-looking step folder is read once its files have not changed for this long (0: at once)
+    )
+    quiet_s: Optional[float] = (
+        None  # end after this long without a new step; null: never (SIGTERM or last_step ends it)
+    )
     last_step: Optional[int] = None  # end once this step (or a later one) is evaluated
 
     def __post_init__(self) -> None:
@@ -245,20 +314,31 @@ class WatchConfig:  # follow=true: how the run folder is watched (dflash/evaluat
 
 @dataclass
 class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/runs/trainlog.py)
-    source: str = "auto"  # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard | mlflow | none
+    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard |
+    # mlflow | none
+    source: str = "auto"
     path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
     uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
     run: Optional[str] = None  # mlflow: the trainer's run id or name
-    keys: Optional[list[str]] = None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
-    accuracy_key: Optional[str] = None  # the training accuracy the stall check reads; null: the shortest chosen name with acc in it
-    min_rise: float = 0.01  # the stall check: training accuracy rose at least this much while τ did not rise past its best by 2 SE
+    keys: Optional[list[str]] = (
+        None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
+    )
+    accuracy_key: Optional[str] = (
+        None  # the training accuracy the stall check reads; null: the shortest chosen name with acc in it
+    )
+    min_rise: float = (
+        0.01  # the stall check: training accuracy rose at least this much while τ did not rise past its best by 2 SE
+    )
 
     def __post_init__(self) -> None:
         if self.source not in ("auto", "jsonl", "tensorboard", "mlflow", "none", "???"):
             raise ConfigError(f"train_metrics.source={self.source!r}: use auto, jsonl, tensorboard, mlflow or none")
         if self.source == "mlflow" and not self.run:
-            raise ConfigError("train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and train_metrics.uri "
-                              "when it logs to another store)")
+            raise ConfigError(
+                "train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and "
+                "train_metrics.uri "
+                "when it logs to another store)"
+            )
         for k in self.keys or []:
             try:
                 re.compile(k)
@@ -281,22 +361,29 @@ class EvalConfig:
     cache_dir: str = ".cache"
     seed: int = 0
     num_samples: int = 3  # sample generations printed and logged in full
-    anchors_per_chunk: Optional[int] = None  # anchors per drafter pass; null: 32 on CPU, on CUDA >= 256 by the drafter's size (drafts.auto_chunk)
+    anchors_per_chunk: Optional[int] = (
+        None  # anchors per drafter pass; null: 32 on CPU, on CUDA >= 256 by the drafter's size (drafts.auto_chunk)
+    )
     leak_probe: bool = False  # also replay with the training-time leak (block sees its anchor's feature)
     scores: bool = False  # also the reference token's NLL and the drafter's confidence (~30% more replay on CPU)
     progress: bool = True  # stage lines and progress bars (dflash.util.progress); false: warnings only
-    follow: bool = False  # watch drafter.run_dir and evaluate each new step once it is complete (watch.*): a training run's parent
+    follow: bool = (
+        False  # watch drafter.run_dir and evaluate each new step once it is complete (watch.*): a training run's parent
+    )
     watch: WatchConfig = field(default_factory=WatchConfig)
     train_metrics: TrainMetricsConfig = field(default_factory=TrainMetricsConfig)
 
     def __post_init__(self) -> None:
         if self.follow is True and not isinstance(self.drafter, str) and self.drafter.kind not in ("training", "???"):
-            raise ConfigError(f"follow=true watches a training run's folder: it needs drafter=training (drafter.run_dir), not "
-                              f"drafter={self.drafter.kind}")
+            raise ConfigError(
+                f"follow=true watches a training run's folder: it needs drafter=training (drafter.run_dir), not "
+                f"drafter={self.drafter.kind}"
+            )
 
     @property
     def series(self) -> bool:
-        """Whether this evaluates a training run step by step (several steps, or follow=true): one MLflow parent per training run."""
+        """Whether this evaluates a training run step by step (several steps, or follow=true): one MLflow parent per
+        training run."""
         return self.follow or StepSelection.parse(self.drafter.step).many
 
 

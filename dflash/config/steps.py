@@ -1,4 +1,5 @@
-"""`drafter.step` as written -> the step folders of a training run it selects (checked by the schema, dflash/config/schema.py).
+"""`drafter.step` as written -> the step folders of a training run it selects (checked by the schema,
+dflash/config/schema.py).
 
 Forms: null (the latest), N, `all`, a list `[N, M]`, a range `A..B` of training steps (both ends included, either
 open), and `/k` after `all` or a range: every k-th step folder of those.
@@ -12,8 +13,11 @@ from typing import Any, Optional
 
 from dflash.util.errors import ConfigError
 
-STEP_SYNTAX = ("use null (the latest step), a step N, all, a list [N,M,...], a range A..B of training steps (both ends included; "
-               "A.. or ..B leave one end open), and /k after all or a range for every k-th step folder of those (all/2, 1000..9000/4)")
+STEP_SYNTAX = (
+    "use null (the latest step), a step N, all, a list [N,M,...], a range A..B of training steps (both ends included; "
+    "A.. or ..B leave one end open), and /k after all or a range for every k-th step folder of those (all/2, "
+    "1000..9000/4)"
+)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,10 @@ class BugsConfig:
 
 @dataclass
 class DrafterArch:
-    arch: str = "dflash"  # dflash | dflash2 (DFLASH.md §8: block convolutions + candidate selector, as SpecForge trains it)
+    arch: str = (
+        # dflash | dflash2 (docs/family.md §8: block convolutions + candidate selector, as SpecForge trains it)
+        "dflash"
+    )
     conv_kernel_size: int = 2  # dflash2: taps of the block convolutions (1..block_size)
     conv_group_size: int = 16  # dflash2: channels sharing one dynamic coefficient (divides the hidden size)
     selector_rank: int = 256  # dflash2: the selector's rank
@@ -41,8 +44,12 @@ class DrafterArch:
 @dataclass
 class DataConfig:
     num_prompts: int = 8192
-    prompts_path: Optional[str] = None  # a JSONL of prompts (python -m dflash.train.train_prompts writes one); else built here
-    prompt_offset: int = 0  # prompts_path: skip this many of its prompts (a continued run on prompts an earlier one did not see)
+    prompts_path: Optional[str] = (
+        None  # a JSONL of prompts (python -m dflash.train.train_prompts writes one); else built here
+    )
+    prompt_offset: int = (
+        0  # prompts_path: skip this many of its prompts (a continued run on prompts an earlier one did not see)
+    )
     seed: int = 0
     arithmetic_fraction: float = 0.3
     max_new_tokens: int = 320
@@ -50,8 +57,12 @@ class DataConfig:
     min_response_tokens: int = 16
     gen_batch_size: int = 256
     shard_size: int = 1024
-    max_gen_minutes: Optional[float] = None  # stop regenerating new shards this long after the process start; train on what exists
-    chat_prompt_tokens: Optional[int] = 448  # a multi-turn chat's later turn: its prompt (earlier answers included) at most this long
+    max_gen_minutes: Optional[float] = (
+        None  # stop regenerating new shards this long after the process start; train on what exists
+    )
+    chat_prompt_tokens: Optional[int] = (
+        448  # a multi-turn chat's later turn: its prompt (earlier answers included) at most this long
+    )
 
 
 @dataclass
@@ -68,7 +79,9 @@ class OptimConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     gamma: float = 7.0
-    selector_loss_alpha: float = 1.0  # drafter.arch=dflash2: weight of the selector's CE over the unary top-k (SpecForge's)
+    selector_loss_alpha: float = (
+        1.0  # drafter.arch=dflash2: weight of the selector's CE over the unary top-k (SpecForge's)
+    )
     noise_std: float = 0.0  # Gaussian noise on the fc inputs, relative to each position's RMS
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa | eager
     target_dtype: str = "float32"  # the target's weights (labels and taps); the drafter trains in fp32 + autocast
@@ -96,9 +109,11 @@ class TrainConfig:
     seed: int = 0
     max_minutes: Optional[float] = None  # stop (and checkpoint) once the process has run this long; resume later
     stop_after: Optional[int] = None  # stop (and checkpoint) after this step; the schedule keeps optim.steps
-    # warm start: a variant with no checkpoint starts from <init_from>/<variant>/step_<N>/ (an export, the latest N), new optimizer and schedule
+    # warm start: a variant with no checkpoint starts from <init_from>/<variant>/step_<N>/ (an export, the latest N),
+    # new optimizer and schedule
     init_from: Optional[str] = None
-    # with init_from: every variant starts from <init_from>/<init_variant>/ instead (one export for all: bugs that enter a run midway)
+    # with init_from: every variant starts from <init_from>/<init_variant>/ instead (one export for all: bugs that enter
+    # a run midway)
     init_variant: Optional[str] = None
 
 
@@ -148,5 +163,8 @@ def check(cfg: Any) -> None:
     if float(o.noise_std) < 0:
         raise ConfigError(f"optim.noise_std={o.noise_std}: must be >= 0 (0: no augmentation noise)")
     if cfg.init_variant and not cfg.init_from:
-        raise ConfigError(f"init_variant={cfg.init_variant}: it names a variant's exports under init_from; set init_from=<an earlier run's "
-                          "export_dir> too, or drop init_variant")
+        raise ConfigError(
+            f"init_variant={cfg.init_variant}: it names a variant's exports under init_from; set init_from=<an earlier "
+            f"run's "
+            "export_dir> too, or drop init_variant"
+        )

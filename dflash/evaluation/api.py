@@ -31,30 +31,52 @@ def drafter_overrides(drafter: str | Path, step: int | None) -> list[str]:
         return ["drafter=training", f"drafter.run_dir={p}", f"drafter.step={'null' if step is None else int(step)}"]
     if (p / "config.json").is_file():
         return ["drafter=hf", f"drafter.path={p}"]
-    raise ConfigError(f"drafter={drafter!r}: not a step folder (step_<N>/), a training run folder (holding step_<N>/) nor an HF-format "
-                      "folder (config.json + model.safetensors)")
+    raise ConfigError(
+        f"drafter={drafter!r}: not a step folder (step_<N>/), a training run folder (holding step_<N>/) nor an "
+        f"HF-format "
+        "folder (config.json + model.safetensors)"
+    )
 
 
-def evaluate(drafter: str | Path | None = None, *, step: int | None = None, target: str | None = None, prompts: str | None = None,
-             overrides: Sequence[str] = (), config: EvalConfig | None = None, log: bool = False, tracking_uri: str | None = None,
-             progress: bool = False) -> EvalResult:
+def evaluate(
+    drafter: str | Path | None = None,
+    *,
+    step: int | None = None,
+    target: str | None = None,
+    prompts: str | None = None,
+    overrides: Sequence[str] = (),
+    config: EvalConfig | None = None,
+    log: bool = False,
+    tracking_uri: str | None = None,
+    progress: bool = False,
+) -> EvalResult:
     """Evaluate one drafter -> its `EvalResult` (`.metrics["acceptance_length"]` is τ). `drafter`, `target`, `prompts`
-    and `overrides` compose dflash/conf/ as `python evaluate.py` would (defaults: the schema's and dflash/conf/config.yaml's);
+    and `overrides` compose dflash/conf/ as `python evaluate.py` would (defaults: the schema's and
+    dflash/conf/config.yaml's);
     `config` replaces all of them. `log=True` logs the run to MLflow (`tracking_uri`, else tracking.uri) and sets
     `result.run_id`. Bad input raises dflash.util.errors.UserError subclasses with the message the CLI prints."""
     from dflash.evaluation import logged, pipeline
     from dflash.util.progress import configure
 
     if config is None:
-        args = [*(drafter_overrides(drafter, step) if drafter is not None else []), *([f"target={target}"] if target else []),
-                *([f"prompts={prompts}"] if prompts else []), f"progress={str(progress).lower()}", f"tracking.enabled={str(log).lower()}",
-                *([f"tracking.uri={tracking_uri}"] if tracking_uri else []), *overrides]
+        args = [
+            *(drafter_overrides(drafter, step) if drafter is not None else []),
+            *([f"target={target}"] if target else []),
+            *([f"prompts={prompts}"] if prompts else []),
+            f"progress={str(progress).lower()}",
+            f"tracking.enabled={str(log).lower()}",
+            *([f"tracking.uri={tracking_uri}"] if tracking_uri else []),
+            *overrides,
+        ]
         config = compose(args)
     elif tracking_uri:
         config.tracking.uri = tracking_uri
     if config.series:
-        raise ConfigError(f"dflash.evaluate evaluates one checkpoint; drafter.step={config.drafter.step!r} / follow=true evaluate a training run: "
-                          "use `python evaluate.py ... drafter.step=all` (or follow=true), or call dflash.evaluate once per step")
+        raise ConfigError(
+            f"dflash.evaluate evaluates one checkpoint; drafter.step={config.drafter.step!r} / follow=true evaluate a "
+            f"training run: "
+            "use `python evaluate.py ... drafter.step=all` (or follow=true), or call dflash.evaluate once per step"
+        )
     configure(config.progress)
     if not log:
         return pipeline.run(config)

@@ -14,46 +14,68 @@ if TYPE_CHECKING:
     from dflash.result import PromptResult
 
 
-def check_measured(results: list[PromptResult], source: str, drop: Callable[[list[list[int]]], int] | None = None) -> list[str]:
+def check_measured(
+    results: list[PromptResult], source: str, drop: Callable[[list[list[int]]], int] | None = None
+) -> list[str]:
     """Prompts whose replay made no verify step measured nothing: all of them is an error (exit 2, the
     run ends FAILED) and `drop(prompt ids)` removes those refused references from the cache (-> how many
     were there), so the next run asks again; some is a warning naming them. -> the warnings."""
     empty = [r for r in results if r.counters.steps == 0]
     if not empty:
         return []
-    named = ", ".join(f"{r.prompt.id} ({len(r.reference)} new token{'' if len(r.reference) == 1 else 's'})" for r in empty[:5])
-    what = (f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the first new token "
-            "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)")
+    named = ", ".join(
+        f"{r.prompt.id} ({len(r.reference)} new token{'' if len(r.reference) == 1 else 's'})" for r in empty[:5]
+    )
+    what = (
+        f"{len(empty)} of {len(results)} prompts had no verify step: {named}{', ...' if len(empty) > 5 else ''} (the "
+        f"first new token "
+        "comes from the prefill: a reference of one token leaves nothing to draft; it stopped at once)"
+    )
     if len(empty) == len(results):
         dropped = drop([r.prompt_ids for r in results]) if drop is not None else 0
         gone = f"; their {dropped} cached references were removed, so the next run asks again" if dropped else ""
-        raise ReferenceError(f"nothing was measured: {what}{gone}. Check the references (references={source}: does the server stop at once, "
-                             "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens")
+        raise ReferenceError(
+            f"nothing was measured: {what}{gone}. Check the references (references={source}: does the server stop at "
+            f"once, "
+            "e.g. a stop token or a chat template of its own?) or raise prompts.max_new_tokens"
+        )
     log.warning("%s; they count in no ratio", what)
     return [f"{what}; they count in no ratio"]
 
 
 def prompt_format(t: TemplateConfig) -> str:
-    """target.template in words, as the summary prints it: the thinking mode is explicit (DFLASH.md §3, §7)."""
+    """target.template in words, as the summary prints it: the thinking mode is explicit (docs/family.md §3, §7)."""
     if not t.use_chat_template:
         return "no chat template" + (", system prompt set" if t.system_prompt else "")
-    return f"chat template, thinking {'on' if t.enable_thinking else 'off'}" + (", system prompt set" if t.system_prompt else "")
+    return f"chat template, thinking {'on' if t.enable_thinking else 'off'}" + (
+        ", system prompt set" if t.system_prompt else ""
+    )
 
 
 def window_warning(dc: DrafterConfig, mode: str, longest: int) -> list[str]:
     """A warning when sequences outgrow the drafter's sliding window: there SGLang (window applied) and z-lab's
-    sdpa / eager loop (window ignored) draft differently, and the τ measured follows drafter.sliding_window (DFLASH.md §6)."""
+    sdpa / eager loop (window ignored) draft differently, and the τ measured follows drafter.sliding_window
+    (docs/family.md
+    §6)."""
     w = dc.sliding_window
     if w is None or "sliding_attention" not in dc.layer_types or longest <= w:
         return []
-    msg = (f"sequences reach {longest} tokens, past the drafter's sliding window of {w}: drafter.sliding_window={mode} "
-           f"{'applies it, as SGLang serves the drafter' if mode == 'apply' else 'ignores it, as z-lab sdpa / eager loop does'}; "
-           f"with drafter.sliding_window={'ignore' if mode == 'apply' else 'apply'} τ differs on these sequences (DFLASH.md §6)")
+    how = (
+        "applies it, as SGLang serves the drafter" if mode == "apply" else "ignores it, as z-lab sdpa / eager loop does"
+    )
+    other = "ignore" if mode == "apply" else "apply"
+    msg = (
+        f"sequences reach {longest} tokens, past the drafter's sliding window of {w}: drafter.sliding_window={mode} "
+        f"{how}; with drafter.sliding_window={other} τ differs on these sequences (docs/family.md §6)"
+    )
     log.warning(msg)
     return [msg]
 
 
-PUBLIC_NO_THINKING = ("qwen3-4b-dflash", "qwen3-8b-dflash")  # z-lab trained these without thinking traces (DFLASH.md §7)
+PUBLIC_NO_THINKING = (
+    "qwen3-4b-dflash",
+    "qwen3-8b-dflash",
+)  # z-lab trained these without thinking traces (docs/family.md §7)
 
 
 def thinking_warning(cfg: EvalConfig) -> list[str]:
@@ -62,7 +84,10 @@ def thinking_warning(cfg: EvalConfig) -> list[str]:
     names = " ".join(str(x).lower() for x in (d.name, d.path, d.run_dir) if x)
     if not cfg.target.template.enable_thinking or not any(n in names for n in PUBLIC_NO_THINKING):
         return []
-    w = ("target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter: z-lab trained these without thinking traces and "
-         "publishes their τ with thinking off; this τ is not comparable (set target.template.enable_thinking=false)")
+    w = (
+        "target.template.enable_thinking=true with a Qwen3-4B/8B public DFlash drafter: z-lab trained these without "
+        "thinking traces and "
+        "publishes their τ with thinking off; this τ is not comparable (set target.template.enable_thinking=false)"
+    )
     log.warning(w)
     return [w]

@@ -25,8 +25,13 @@ class Logged:
     where: str  # the run and how to open it (or "tracking disabled")
 
 
-def evaluate(cfg: EvalConfig, work: Callable[[], EvalResult], config_text: str, tags: dict[str, Any] | None = None,
-             parent: Any = None) -> Logged:
+def evaluate(
+    cfg: EvalConfig,
+    work: Callable[[], EvalResult],
+    config_text: str,
+    tags: dict[str, Any] | None = None,
+    parent: Any = None,
+) -> Logged:
     """`work()` inside the run `cfg` logs to (a child of `parent`, a dflash.tracking family, where given), its
     result logged there; the result carries the run's id (`result.run_id`, None when tracking is off)."""
     with open_run(cfg, run_name(cfg.drafter), tags, parent) as run:
@@ -44,7 +49,9 @@ def open_run(cfg: EvalConfig, name: str, tags: dict[str, Any] | None = None, par
     tc = cfg.tracking
     if not tc.enabled:
         return tracking.NoRun()
-    run = tracking.Run(tc.uri, experiment_name(tc, cfg.target.name), name, tc.artifact_location, parent=parent, tags=tags)
+    run = tracking.Run(
+        tc.uri, experiment_name(tc, cfg.target.name), name, tc.artifact_location, parent=parent, tags=tags
+    )
     run.log_params({k: v for k, v in tracking.flatten(dataclasses.asdict(cfg)).items() if v != "auto"})
     return run
 
@@ -59,4 +66,6 @@ def log_result(run: Any, res: EvalResult, cfg: EvalConfig, config_text: str) -> 
     ds = tracking.prompt_dataset(res, cfg.prompts)
     shown = samples.samples_of(res, cfg.num_samples)  # built here, by the report step
     files = {**plots.run_plots(res.total, res.info.run_name), **samples.artifacts(shown, res.info.run_name)}
-    tracking.log_eval(run, res, tracking.EvalRecord(console.markdown(res, ds.name, cfg.target.name), files, config_text), ds)
+    tracking.log_eval(
+        run, res, tracking.EvalRecord(console.markdown(res, ds.name, cfg.target.name), files, config_text), ds
+    )

@@ -1,4 +1,5 @@
-"""The evaluation pipeline: config -> load -> references (in rounds for multi-turn prompts) -> features -> replay -> metrics.
+"""The evaluation pipeline: config -> load -> references (in rounds for multi-turn prompts) -> features -> replay ->
+metrics.
 
 `run(cfg)` takes the typed config (`dflash.config.schema.EvalConfig`) and returns an `EvalResult`: plain
 typed data, no tracking. evaluate.py hands the result to dflash.tracking. Every stage announces
@@ -19,7 +20,14 @@ import torch
 
 from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig
 from dflash.evaluation.checks import check_measured, prompt_format, thinking_warning, window_warning
-from dflash.models.drafter.checkpoint import INIT_DFLASH2, DrafterSource, LoadedDrafter, build_drafter, fit_drafter, read_drafter
+from dflash.models.drafter.checkpoint import (
+    INIT_DFLASH2,
+    DrafterSource,
+    LoadedDrafter,
+    build_drafter,
+    fit_drafter,
+    read_drafter,
+)
 from dflash.models.drafter.config import effective_config
 from dflash.models.drafter.formats import share_equal
 from dflash.models.drafter.model import ATTENTION_BACKENDS, SLIDING_WINDOW
@@ -29,7 +37,13 @@ from dflash.result import EvalResult, PromptResult, RunInfo
 from dflash.stages.features import FeatureStats, iter_features
 from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
 from dflash.stages.prompts.sets import Prompt, load_prompts, render
-from dflash.stages.references.collect import ReferenceOptions, ReferenceStats, check_references, drop_references, get_references
+from dflash.stages.references.collect import (
+    ReferenceOptions,
+    ReferenceStats,
+    check_references,
+    drop_references,
+    get_references,
+)
 from dflash.stages.references.served import served_metrics
 from dflash.stages.references.turns import expand, references_in_rounds, turn_of
 from dflash.stages.replay.loop import ReplayOptions, auto_chunk, prepare, replay_group
@@ -59,7 +73,10 @@ def resolve_device(dev: DeviceConfig, attention: AttentionConfig, target_dtype: 
     if attention.drafter not in ATTENTION_BACKENDS:
         raise ConfigError(f"attention.drafter={attention.drafter!r}: use one of {ATTENTION_BACKENDS}")
     if attention.drafter == "flex" and not name.startswith("cuda"):
-        raise ConfigError("attention=flex needs a CUDA device (flex_attention is compiled for GPU); on CPU use attention=sdpa or attention=eager")
+        raise ConfigError(
+            "attention=flex needs a CUDA device (flex_attention is compiled for GPU); on CPU use attention=sdpa or "
+            "attention=eager"
+        )
     if dev.threads:
         torch.set_num_threads(int(dev.threads))
     return name, dtype
@@ -75,8 +92,10 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
     for p, x in zip(prompts, ids):
         if len(x) + max_new_tokens > max_context:
             raise PromptError(
-                f"prompt {p.id!r} has {len(x)} tokens; with prompts.max_new_tokens={max_new_tokens} that exceeds the target's "
-                f"context of {max_context} tokens. Shorten the prompt, lower prompts.max_new_tokens, or drop it from the set"
+                f"prompt {p.id!r} has {len(x)} tokens; with prompts.max_new_tokens={max_new_tokens} that exceeds the "
+                f"target's "
+                f"context of {max_context} tokens. Shorten the prompt, lower prompts.max_new_tokens, or drop it from "
+                f"the set"
             )
 
 
@@ -91,17 +110,37 @@ def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource
     if d.kind == "init":  # shape the random drafter by the target config's defaults
         overrides["mask_token_id"] = d.mask_token_id if d.mask_token_id is not None else t.mask_token_id
         overrides["target_layer_ids"] = d.target_layer_ids or t.default_taps
-    return read_drafter(d.kind, d.name or _default_name(d), run_dir=d.run_dir, step=step, path=d.path, overrides=overrides,
-                        init={"num_layers": d.num_layers, "num_taps": d.num_taps, "seed": d.seed, "arch": d.arch, "window": d.window,
-                              "is_causal": d.is_causal, **{k: getattr(d, k) for k in INIT_DFLASH2}})
+    return read_drafter(
+        d.kind,
+        d.name or _default_name(d),
+        run_dir=d.run_dir,
+        step=step,
+        path=d.path,
+        overrides=overrides,
+        init={
+            "num_layers": d.num_layers,
+            "num_taps": d.num_taps,
+            "seed": d.seed,
+            "arch": d.arch,
+            "window": d.window,
+            "is_causal": d.is_causal,
+            **{k: getattr(d, k) for k in INIT_DFLASH2},
+        },
+    )
 
 
 def load_target_for(plan: "Plan", timings: dict[str, float]) -> Target:
     """The target's weights (after `inspect_target`), on the plan's device and dtype."""
     cfg = plan.cfg
     with timed(timings, "load_target"):
-        target = load_target(plan.info, dtype=plan.dtype, device=plan.device, attn=cfg.attention.target, cache_dir=cfg.cache_dir,
-                             device_map=cfg.device.device_map)
+        target = load_target(
+            plan.info,
+            dtype=plan.dtype,
+            device=plan.device,
+            attn=cfg.attention.target,
+            cache_dir=cfg.cache_dir,
+            device_map=cfg.device.device_map,
+        )
     if (kernel := linear_attention_kernel(target.model)) is not None:
         log.info("target: Gated DeltaNet layers run %s", kernel)
     return target
@@ -112,18 +151,35 @@ def build_beside(target: Target, src: DrafterSource, sliding_window: str, timing
     with timed(timings, "load_drafter"):
         drafter = build_drafter(src, sliding_window, device=target.head_device, dtype=target.dtype)
         drafter.model.eval().requires_grad_(False)
-        for note in share_equal(drafter.model, target):  # an own embedding / LM head equal to the target's: the target's (vLLM)
+        for note in share_equal(
+            drafter.model, target
+        ):  # an own embedding / LM head equal to the target's: the target's (vLLM)
             log.info("drafter %s", note)
-    log.info("drafter: %s (block %d, taps %s)", drafter.path or drafter.name, drafter.model.cfg.block_size, drafter.model.cfg.target_layer_ids)
+    log.info(
+        "drafter: %s (block %d, taps %s)",
+        drafter.path or drafter.name,
+        drafter.model.cfg.block_size,
+        drafter.model.cfg.target_layer_ids,
+    )
     return drafter
 
 
-def load_models(cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], src: DrafterSource | None = None) -> tuple[Target, LoadedDrafter]:
-    """The target's weights and the drafter (`src`: read and fitted to `info` already, else here), outside a plan (the benches)."""
+def load_models(
+    cfg: EvalConfig, info: TargetInfo, timings: dict[str, float], src: DrafterSource | None = None
+) -> tuple[Target, LoadedDrafter]:
+    """The target's weights and the drafter (`src`: read and fitted to `info` already, else here), outside a plan (the
+    benches)."""
     device, dtype = resolve_device(cfg.device, cfg.attention, cfg.target.dtype)
     src = src or fit_drafter(read_drafter_conf(cfg), info)
     with timed(timings, "load_target"):
-        target = load_target(info, dtype=dtype, device=device, attn=cfg.attention.target, cache_dir=cfg.cache_dir, device_map=cfg.device.device_map)
+        target = load_target(
+            info,
+            dtype=dtype,
+            device=device,
+            attn=cfg.attention.target,
+            cache_dir=cfg.cache_dir,
+            device_map=cfg.device.device_map,
+        )
     return target, build_beside(target, src, cfg.drafter.sliding_window, timings)
 
 
@@ -141,8 +197,13 @@ def load_prompt_ids(cfg: EvalConfig, info: TargetInfo) -> tuple[list[Prompt], li
     prompts = expand(load_prompts(pc.source, pc.path, pc.num_prompts, pc.subsets, pc.data_dir, pc.selection, pc.seed))
     first = [p for p in prompts if turn_of(p) == 1]
     ids = render_checked(cfg, info, first)
-    log.info("prompts: %d from %s (%s), %d tokens in the first round", len(prompts), pc.path or pc.source,
-             ", ".join(sorted({p.subset for p in prompts})), sum(map(len, ids)))
+    log.info(
+        "prompts: %d from %s (%s), %d tokens in the first round",
+        len(prompts),
+        pc.path or pc.source,
+        ", ".join(sorted({p.subset for p in prompts})),
+        sum(map(len, ids)),
+    )
     return prompts, ids
 
 
@@ -169,8 +230,15 @@ def run_name(d: DrafterSchema, step: int | None = None) -> str:
     return f"{name}@step_{step}" if step is not None else f"{name}@latest"
 
 
-def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prompts: list[Prompt], ids: list[list[int]],
-                   refs: list[list[int]], timings: dict[str, float]) -> list[PromptResult]:
+def replay_prompts(
+    cfg: EvalConfig,
+    target: Target,
+    drafter: LoadedDrafter,
+    prompts: list[Prompt],
+    ids: list[list[int]],
+    refs: list[list[int]],
+    timings: dict[str, float],
+) -> list[PromptResult]:
     """Features (one truncated target pass per prompt + reference, or the feature cache) then the
     replay, in groups of prompts whose drafter context K/V fit replay.context_gb (`all` mode: as many
     prompts as one drafter pass's anchors, anchors_per_chunk; the taps are dropped once a prompt's K/V
@@ -179,7 +247,9 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     chunk = int(cfg.anchors_per_chunk or auto_chunk(drafter.model.cfg, target.device.type, target.dtype.itemsize))
     opt = ReplayOptions(rp.mode(target.device.type == "cuda"), rp.tf_stride, chunk, cfg.attention.drafter, cfg.scores)
     fstats, out, group = FeatureStats(), [], []
-    feats = iter_features(target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features))
+    feats = iter_features(
+        target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features)
+    )
 
     def flush(bar: Progress) -> None:
         with timed(timings, "replay"):
@@ -189,7 +259,12 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
         leaks = [None] * len(group)
         if cfg.leak_probe:
             with timed(timings, "leak_probe"):
-                leaks = [c for c, _ in replay_group(drafter.model, target, [s for _, s in group], replace(opt, see_anchor=True))]
+                leaks = [
+                    c
+                    for c, _ in replay_group(
+                        drafter.model, target, [s for _, s in group], replace(opt, see_anchor=True)
+                    )
+                ]
         n = sum(len(r) for (_, _, r), _ in group)
         for ((p, x, r), _), (c, blocks), leak in zip(group, done, leaks):
             c.wall_s = wall * len(r) / max(n, 1)  # a lockstep group's time, shared by new tokens
@@ -200,9 +275,13 @@ def replay_prompts(cfg: EvalConfig, target: Target, drafter: LoadedDrafter, prom
     with Progress("replay", total=sum(map(len, refs)), unit="tok") as bar:
         for p, x, r, f in zip(prompts, ids, refs, feats):
             with timed(timings, "replay"):
-                seq = prepare(drafter.model, target, x, r, f.taps(layer_ids))  # the taps [T, n*H] -> the drafter's context K/V
+                seq = prepare(
+                    drafter.model, target, x, r, f.taps(layer_ids)
+                )  # the taps [T, n*H] -> the drafter's context K/V
             group.append(((p, x, r), seq))
-            full = sum(s.T - 1 - s.first for _, s in group) >= chunk if opt.anchors == "all" else len(group) >= chunk  # anchors / prompts
+            full = (
+                sum(s.T - 1 - s.first for _, s in group) >= chunk if opt.anchors == "all" else len(group) >= chunk
+            )  # anchors / prompts
             if full or sum(s.nbytes for _, s in group) >= rp.context_gb * 1e9:
                 flush(bar)
         if group:
@@ -257,7 +336,9 @@ def plan(cfg: EvalConfig) -> Plan:
     prompts, ids = load_prompt_ids(cfg, info)
     first = [p for p in prompts if turn_of(p) == 1]
     ref_opts = ReferenceOptions(**vars(cfg.references))  # the references.* fields, one typed object passed whole
-    ref_plan = check_references(info, ids, pc.max_new_tokens, vars(t.template), cfg.cache_dir, dtype, [p.id for p in first], options=ref_opts)
+    ref_plan = check_references(
+        info, ids, pc.max_new_tokens, vars(t.template), cfg.cache_dir, dtype, [p.id for p in first], options=ref_opts
+    )
     return Plan(cfg, device, dtype, info, prompts, ids, ref_opts, ref_plan, thinking_warning(cfg))
 
 
@@ -268,13 +349,26 @@ def prepare_run(p: Plan, timings: dict[str, float]) -> Prepared:
     first = [q for q in p.prompts if turn_of(q) == 1]
 
     def references(ps: list[Prompt], xs: list[list[int]]):
-        return get_references(target, xs, pc.max_new_tokens, tmpl, cfg.cache_dir, names=[q.id for q in ps], server=p.ref_plan.server,
-                              options=p.ref_opts)
+        return get_references(
+            target,
+            xs,
+            pc.max_new_tokens,
+            tmpl,
+            cfg.cache_dir,
+            names=[q.id for q in ps],
+            server=p.ref_plan.server,
+            options=p.ref_opts,
+        )
 
     with timed(timings, "references"):
         refs1, stats1 = references(first, p.ids)
-        prompts, ids, refs, ref_stats = references_in_rounds(p.prompts, target.tokenizer, lambda q: render_checked(cfg, p.info, [q])[0],
-                                                             references, first=(p.ids, refs1, stats1))
+        prompts, ids, refs, ref_stats = references_in_rounds(
+            p.prompts,
+            target.tokenizer,
+            lambda q: render_checked(cfg, p.info, [q])[0],
+            references,
+            first=(p.ids, refs1, stats1),
+        )
     if ref_stats.setup_s is not None:
         timings["references_setup"] = ref_stats.setup_s  # part of references: the engine's compile and capture
     return Prepared(p, target, prompts, ids, refs, ref_stats)
@@ -309,24 +403,48 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
         lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
         metrics["leak_probe/acceptance_length"] = lm["acceptance_length"]
         tau, leak_tau = metrics["acceptance_length"], lm["acceptance_length"]
-        metrics["leak_probe/tau_gain"] = None if tau is None or leak_tau is None else leak_tau - tau  # undefined without a verify step
-    metrics["tokens_per_second_replay"] = ratio(total.new_tokens, timings.get("replay", 0.0))  # None: no replay was timed
+        metrics["leak_probe/tau_gain"] = (
+            None if tau is None or leak_tau is None else leak_tau - tau
+        )  # undefined without a verify step
+    metrics["tokens_per_second_replay"] = ratio(
+        total.new_tokens, timings.get("replay", 0.0)
+    )  # None: no replay was timed
     metrics.update(ref_stats.metrics())
-    metrics.update(served_metrics([(r.counters, s) for r in results if (s := ref_stats.served.get(tuple(r.prompt_ids))) is not None]))
+    metrics.update(
+        served_metrics(
+            [(r.counters, s) for r in results if (s := ref_stats.served.get(tuple(r.prompt_ids))) is not None]
+        )
+    )
     dc = drafter.model.cfg
     info = RunInfo(
-        run_name=run_name(cfg.drafter, drafter.step), drafter_name=drafter.name, drafter_step=drafter.step, checkpoint_path=drafter.path,
-        checkpoint_sha256=drafter.sha256, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""), target_identity=target.identity,
-        target_source=target.source, block_size=dc.block_size, target_layer_ids=list(dc.target_layer_ids), mask_token_id=dc.mask_token_id,
-        stop_ids=target.eos_ids, prompt_ids=[p.id for p in prompts], references=ref_stats,
+        run_name=run_name(cfg.drafter, drafter.step),
+        drafter_name=drafter.name,
+        drafter_step=drafter.step,
+        checkpoint_path=drafter.path,
+        checkpoint_sha256=drafter.sha256,
+        device=str(target.device),
+        dtype=str(target.dtype).replace("torch.", ""),
+        target_identity=target.identity,
+        target_source=target.source,
+        block_size=dc.block_size,
+        target_layer_ids=list(dc.target_layer_ids),
+        mask_token_id=dc.mask_token_id,
+        stop_ids=target.eos_ids,
+        prompt_ids=[p.id for p in prompts],
+        references=ref_stats,
         drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
-        linear_attention_kernel=linear_attention_kernel(target.model), replay_anchors=cfg.replay.mode(target.device.type == "cuda"),
+        linear_attention_kernel=linear_attention_kernel(target.model),
+        replay_anchors=cfg.replay.mode(target.device.type == "cuda"),
         tf_stride=cfg.replay.tf_stride,
         prompt_format=prompt_format(cfg.target.template),
     )
-    window = window_warning(dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results))
+    window = window_warning(
+        dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results)
+    )
     warnings = drafter.warnings + ref_stats.warnings + prep.plan.warnings + window + unmeasured
-    return EvalResult(metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer, prompt_lookup=lookup)
+    return EvalResult(
+        metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer, prompt_lookup=lookup
+    )
 
 
 def prompt_lookup(pl: PromptLookupConfig, results: list[PromptResult], timings: dict[str, float]) -> PromptLookup:
@@ -335,5 +453,11 @@ def prompt_lookup(pl: PromptLookupConfig, results: list[PromptResult], timings: 
         B = results[0].counters.block_size
         lookup = [lookup_replay(r.prompt_ids, r.reference, B, pl.min, pl.max) for r in results]
         y = yardstick([r.counters for r in results], lookup, pl.min, pl.max)
-    log.info("prompt lookup (n-gram, n %d..%d, %d drafted): τ %s", pl.min, pl.max, B - 1, "-" if y.tau is None else f"{y.tau:.3f}")
+    log.info(
+        "prompt lookup (n-gram, n %d..%d, %d drafted): τ %s",
+        pl.min,
+        pl.max,
+        B - 1,
+        "-" if y.tau is None else f"{y.tau:.3f}",
+    )
     return y

@@ -26,9 +26,15 @@ def check_inputs(cfg: Any) -> None:
         read_jsonl(pc.path)  # missing, not UTF-8, malformed: named by file and line
     elif pc.source in BENCHMARKS or pc.source == "humaneval_complete":
         b = BENCHMARKS.get(pc.source, BENCHMARKS["humaneval"])
-        if files := local_copy(b, pc.path, pc.data_dir):  # a missing path raises; None: from the hub, checked when it loads
+        if files := local_copy(
+            b, pc.path, pc.data_dir
+        ):  # a missing path raises; None: from the hub, checked when it loads
             check_files(b, files)  # headers only: columns and rows of every file
-    if d.kind == "training" and d.run_dir and not cfg.follow and not find_path(d.run_dir).is_dir():  # follow: the trainer makes it
-        raise CheckpointError(f"drafter.run_dir={d.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders")
+    if (
+        d.kind == "training" and d.run_dir and not cfg.follow and not find_path(d.run_dir).is_dir()
+    ):  # follow: the trainer makes it
+        raise CheckpointError(
+            f"drafter.run_dir={d.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders"
+        )
     if d.kind == "hf" and d.path and not find_path(d.path).is_dir():
         raise CheckpointError(f"drafter.path={d.path} is not a folder")

@@ -63,10 +63,14 @@ def family(cfg: EvalConfig, run_dir: Path) -> Any:
     from dflash import tracking
 
     d, r = cfg.drafter, cfg.references
-    ident = {"run_dir": str(run_dir.resolve()), "target": dataclasses.asdict(cfg.target), "prompts": dataclasses.asdict(cfg.prompts),
-             "references": {k: getattr(r, k) for k in ("source", "model", "temperature", "top_p", "top_k", "seed")},
-             "replay.tf_stride": cfg.replay.tf_stride, "drafter": {k: getattr(d, k) for k in ("block_size", "mask_token_id", "target_layer_ids",
-                                                                                           "sliding_window")}}
+    ident = {
+        "run_dir": str(run_dir.resolve()),
+        "target": dataclasses.asdict(cfg.target),
+        "prompts": dataclasses.asdict(cfg.prompts),
+        "references": {k: getattr(r, k) for k in ("source", "model", "temperature", "top_p", "top_k", "seed")},
+        "replay.tf_stride": cfg.replay.tf_stride,
+        "drafter": {k: getattr(d, k) for k in ("block_size", "mask_token_id", "target_layer_ids", "sliding_window")},
+    }
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{d.name or run_dir.name}: τ by step"
     return tracking.TrainingRunFamily(digest, name, str(run_dir.resolve()))
@@ -78,8 +82,13 @@ def read_train_metrics(cfg: EvalConfig, run_dir: Path) -> trainlog.Series:
     where = find_path(tm.path) if tm.path else run_dir
     source = tm.source
     if source == "auto":
-        source = "jsonl" if (run_dir / "metrics.jsonl").is_file() or where.suffix == ".jsonl" else \
-            "tensorboard" if where.is_dir() and trainlog.event_files(where) else "none"
+        source = (
+            "jsonl"
+            if (run_dir / "metrics.jsonl").is_file() or where.suffix == ".jsonl"
+            else "tensorboard"
+            if where.is_dir() and trainlog.event_files(where)
+            else "none"
+        )
     if source == "none":
         return {}
     if source == "mlflow":
@@ -89,11 +98,15 @@ def read_train_metrics(cfg: EvalConfig, run_dir: Path) -> trainlog.Series:
     if source == "jsonl":
         path = where if where.is_file() else where / "metrics.jsonl"
         if not path.is_file():
-            raise CheckpointError(f"train_metrics.source=jsonl: no {path}; pass train_metrics.path=<the trainer's metrics.jsonl>")
+            raise CheckpointError(
+                f"train_metrics.source=jsonl: no {path}; pass train_metrics.path=<the trainer's metrics.jsonl>"
+            )
         return trainlog.read_jsonl(path)
     if not where.is_dir() or not trainlog.event_files(where):
-        raise CheckpointError(f"train_metrics.source=tensorboard: no event files (events.out.tfevents.*) under {where}; pass "
-                              "train_metrics.path=<the trainer's log folder>")
+        raise CheckpointError(
+            f"train_metrics.source=tensorboard: no event files (events.out.tfevents.*) under {where}; pass "
+            "train_metrics.path=<the trainer's log folder>"
+        )
     return trainlog.read_tensorboard(where)
 
 
@@ -104,7 +117,10 @@ class Series:
         self.cfg, self.config_text, self.tags = cfg, config_text, tags
         self.run_dir = find_path(str(cfg.drafter.run_dir))
         if not self.run_dir.is_dir() and not cfg.follow:  # following: the folder may come with the trainer's first step
-            raise CheckpointError(f"drafter.run_dir={self.run_dir} does not exist; point it at a training run folder holding step_<N>/ folders")
+            raise CheckpointError(
+                f"drafter.run_dir={self.run_dir} does not exist; point it at a training run folder holding step_<N>/ "
+                f"folders"
+            )
         self.sel = StepSelection.parse(cfg.drafter.step)
         if cfg.follow and self.sel.single and self.sel.step is None:
             self.sel = StepSelection(single=False)  # follow=true, no step named: every step as it comes
@@ -128,6 +144,7 @@ class Series:
     def evaluate_step(self, f: StepFolder) -> None:
         cfg = dataclasses.replace(self.cfg, drafter=dataclasses.replace(self.cfg.drafter, step=f.step), follow=False)
         timings: dict[str, float] = {}
+
         def work() -> EvalResult:
             src = self.plan.drafter(pipeline.read_drafter_conf(cfg, f.step))
             if self.prep is None:
@@ -177,8 +194,11 @@ class Series:
         names = [f"{tracking.TRAIN}{k}" for k in chosen if k not in self.train_logged]
         if names:  # what an earlier invocation logged
             for name, pts in tracking.metric_history(self.cfg.tracking.uri, self.parent.run_id, names).items():
-                self.train_logged[name[len(tracking.TRAIN):]] = {s for s, _ in pts}
-        new = {f"{tracking.TRAIN}{k}": [(s, v) for s, v in pts if s not in self.train_logged.get(k, set())] for k, pts in chosen.items()}
+                self.train_logged[name[len(tracking.TRAIN) :]] = {s for s, _ in pts}
+        new = {
+            f"{tracking.TRAIN}{k}": [(s, v) for s, v in pts if s not in self.train_logged.get(k, set())]
+            for k, pts in chosen.items()
+        }
         self.parent.log_points(new)
         for k, pts in chosen.items():
             self.train_logged.setdefault(k, set()).update(s for s, _ in pts)
@@ -191,13 +211,29 @@ class Series:
         train = self.log_train_metrics()
         acc = trainlog.accuracy_name(list(train), self.cfg.train_metrics.accuracy_key)
         if self.parent is not None:  # every finished step, this invocation's and earlier ones'
-            steps = [(k.step, k.metrics) for k in tracking.children(self.cfg.tracking.uri, self.parent.run_id, rows=False)
-                     if k.status == "FINISHED" and k.step is not None]
+            steps = [
+                (k.step, k.metrics)
+                for k in tracking.children(self.cfg.tracking.uri, self.parent.run_id, rows=False)
+                if k.status == "FINISHED" and k.step is not None
+            ]
         else:
             steps = [(int(r.info.drafter_step or 0), r.metrics) for r in self.out.results]
-        rows = sorted(((trainlog.Point(s, m.get("acceptance_length"), m.get("acceptance_length_se"),
-                                       trainlog.at_or_before(train[acc], s) if acc else None),
-                        m.get("acceptance_length_macro"), m.get("expected_acceptance_length")) for s, m in steps), key=lambda r: r[0].step)
+        rows = sorted(
+            (
+                (
+                    trainlog.Point(
+                        s,
+                        m.get("acceptance_length"),
+                        m.get("acceptance_length_se"),
+                        trainlog.at_or_before(train[acc], s) if acc else None,
+                    ),
+                    m.get("acceptance_length_macro"),
+                    m.get("expected_acceptance_length"),
+                )
+                for s, m in steps
+            ),
+            key=lambda r: r[0].step,
+        )
         self.out.stall = trainlog.stall([r[0] for r in rows], acc, self.cfg.train_metrics.min_rise) if acc else None
         if self.parent is not None:
             self.parent.set_note(training_run_markdown(str(self.run_dir), rows, acc, self.out.stall, status))
@@ -210,7 +246,9 @@ class Series:
 
         tc, w = self.cfg.tracking, self.cfg.watch
         if tc.enabled:
-            pid = tracking.open_parent(tc.uri, experiment_name(tc, self.cfg.target.name), self.family, tc.artifact_location)
+            pid = tracking.open_parent(
+                tc.uri, experiment_name(tc, self.cfg.target.name), self.family, tc.artifact_location
+            )
             self.parent = tracking.Run.attach(tc.uri, pid, reopen=True)
             self.out.parent_id = pid
         with self.parent or tracking.NoRun():
@@ -218,7 +256,9 @@ class Series:
             settle, quiet_since = Settle(w.settle_s if self.cfg.follow else 0.0), time.monotonic()
             while True:
                 folders = scan(self.run_dir)
-                chosen = set(self.sel.select([f.step for f in folders]))  # every k-th counts the folders there, complete or not
+                chosen = set(
+                    self.sel.select([f.step for f in folders])
+                )  # every k-th counts the folders there, complete or not
                 if not self.cfg.follow:
                     for f in folders:
                         if f.why_not and f.step in chosen:
@@ -228,8 +268,11 @@ class Series:
                     self.update_parent("following" if self.cfg.follow else "running")
                 if not self.cfg.follow:
                     if not self.done and not self.out.failed:
-                        raise CheckpointError(f"drafter.step={self.cfg.drafter.step!r} selects no complete step of {self.run_dir} (steps there: "
-                                              f"{', '.join(str(f.step) for f in folders) or 'none'})")
+                        raise CheckpointError(
+                            f"drafter.step={self.cfg.drafter.step!r} selects no complete step of {self.run_dir} (steps "
+                            f"there: "
+                            f"{', '.join(str(f.step) for f in folders) or 'none'})"
+                        )
                     break
                 if w.last_step is not None and any(s >= w.last_step for s in self.done):
                     self.out.ended = f"step {max(self.done)} reached watch.last_step={w.last_step}"
@@ -244,8 +287,10 @@ class Series:
                     break
             self.update_parent(f"ended: {self.out.ended}")
             if self.out.failed:
-                raise CheckpointError(f"{len(self.out.failed)} step(s) of {self.run_dir} failed: "
-                                      + "; ".join(f"step {s}: {e}" for s, e in self.out.failed))
+                raise CheckpointError(
+                    f"{len(self.out.failed)} step(s) of {self.run_dir} failed: "
+                    + "; ".join(f"step {s}: {e}" for s, e in self.out.failed)
+                )
         return self.out
 
 
@@ -253,20 +298,28 @@ def evaluate_training_run(cfg: EvalConfig, config_text: str, tags: dict[str, Any
     """Evaluate the selected steps of drafter.run_dir (follow=true: as they appear); print what was done."""
     s = Series(cfg, config_text, tags or {})
     out = s.run()
-    lines = [f"== training run {s.run_dir}: {len(out.results)} step(s) evaluated"
-             + (f", {len(out.skipped)} already in its parent ({', '.join(map(str, out.skipped))})" if out.skipped else "")
-             + f"; {out.ended}"]
+    lines = [
+        f"== training run {s.run_dir}: {len(out.results)} step(s) evaluated"
+        + (f", {len(out.skipped)} already in its parent ({', '.join(map(str, out.skipped))})" if out.skipped else "")
+        + f"; {out.ended}"
+    ]
     for r in out.results:
         m = r.metrics
-        lines.append(f"  step {r.info.drafter_step}: τ {console.fmt(m.get('acceptance_length'))} ± {console.fmt(m.get('acceptance_length_se'))}"
-                     f"   expected {console.fmt(m.get('expected_acceptance_length'))}")
+        lines.append(
+            f"  step {r.info.drafter_step}: τ {console.fmt(m.get('acceptance_length'))} ± "
+            f"{console.fmt(m.get('acceptance_length_se'))}"
+            f"   expected {console.fmt(m.get('expected_acceptance_length'))}"
+        )
     if out.stall is not None:
         lines.append(f"WARNING: {stall_text(out.stall)}")
     if out.parent_id:
         from dflash import tracking
 
         exp = tracking.mlflow_client(cfg.tracking.uri).get_run(out.parent_id).info.experiment_id
-        lines.append(f"MLflow: training run parent {out.parent_id} at {cfg.tracking.uri}\n  see it: mlflow ui --backend-store-uri "
-                     f"{cfg.tracking.uri}   then {tracking.training_view_url(exp)}")
+        lines.append(
+            f"MLflow: training run parent {out.parent_id} at {cfg.tracking.uri}\n  see it: mlflow ui "
+            f"--backend-store-uri "
+            f"{cfg.tracking.uri}   then {tracking.training_view_url(exp)}"
+        )
     print("\n".join(lines))
     return out

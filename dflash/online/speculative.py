@@ -49,12 +49,20 @@ class OnlineDecoder:
     (prompt + new tokens); draft and verify captured once."""
 
     def __init__(
-        self, target: Target, drafter: DFlashDrafter, max_len: int, backend: str = "sdpa", graphs: bool | None = None, compile: bool = False,
+        self,
+        target: Target,
+        drafter: DFlashDrafter,
+        max_len: int,
+        backend: str = "sdpa",
+        graphs: bool | None = None,
+        compile: bool = False,
         sampling: Sampling = Sampling(),
     ):
         cfg = drafter.cfg
         self.target, self.drafter, self.backend, self.B = target, drafter, backend, cfg.block_size
-        self.eng = eng = Engine(target, 1, max_len + cfg.block_size, taps=cfg.target_layer_ids, graphs=graphs, compile=compile)
+        self.eng = eng = Engine(
+            target, 1, max_len + cfg.block_size, taps=cfg.target_layer_ids, graphs=graphs, compile=compile
+        )
         dev, L, B = eng.device, eng.max_len, self.B
         ddev, ddt = drafter.fc.weight.device, drafter.fc.weight.dtype
         self.feats = torch.zeros(1, L, cfg.num_taps * target.hidden_size, dtype=ddt, device=ddev)  # [1, L, n*H]
@@ -62,7 +70,9 @@ class OnlineDecoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # [1] anchor position
         self.masks = torch.full((B - 1,), cfg.mask_token_id, dtype=torch.long, device=dev)
         self.slots = torch.arange(B, device=dev)
-        self.sampling = sampling  # T > 0: z-lab's rule; the target samples each verified slot (position-keyed, as the references)
+        self.sampling = (
+            sampling  # T > 0: z-lab's rule; the target samples each verified slot (position-keyed, as the references)
+        )
         self.key = torch.zeros(B, dtype=torch.long, device=dev)  # [B] the prompt's noise key, one per slot
         self.out = torch.zeros(2 * B - 1, dtype=torch.long, device=dev)  # [draft (B-1) | target's choices (B)]
         self.eos = set(target.eos_ids)
@@ -73,8 +83,12 @@ class OnlineDecoder:
         ddev, ddt = self.feats.device, self.feats.dtype
         block = torch.cat([self.anchor, self.masks])  # [B]
         emb = self.drafter.embed(self.target.embed, block)[None, None].to(ddev, ddt)  # [1, 1, B, H]
-        h = self.drafter(self.feats[:, : self.eng.view], emb, self.pos[None].to(ddev), backend=self.backend)  # [1, 1, B, H]
-        self.out[: self.B - 1] = propose(self.drafter, self.eng.head, h[0, :, 1:].to(self.target.dtype), self.anchor).tokens[0]
+        h = self.drafter(
+            self.feats[:, : self.eng.view], emb, self.pos[None].to(ddev), backend=self.backend
+        )  # [1, 1, B, H]
+        self.out[: self.B - 1] = propose(
+            self.drafter, self.eng.head, h[0, :, 1:].to(self.target.dtype), self.anchor
+        ).tokens[0]
 
     def _verify(self) -> None:
         write = self.pos + self.slots  # [B] cache positions p .. p+B-1
@@ -91,13 +105,19 @@ class OnlineDecoder:
     def generate(self, prompt: list[int], max_new_tokens: int) -> SpecOutput:
         B, eng = self.B, self.eng
         if len(prompt) + max_new_tokens + B > eng.max_len:
-            raise ValueError(f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed the decoder's {eng.max_len - B} positions")
+            raise ValueError(
+                f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed the decoder's {eng.max_len - B} positions"
+            )
         sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
         self.key.fill_(prompt_key(prompt, self.sampling.seed))
-        first, taps = eng.prefill([prompt], choose=None if self.sampling.greedy else
-                                  lambda z: pick(z, self.sampling, self.key[:1], torch.tensor([len(prompt)], device=z.device)))
+        first, taps = eng.prefill(
+            [prompt],
+            choose=None
+            if self.sampling.greedy
+            else lambda z: pick(z, self.sampling, self.key[:1], torch.tensor([len(prompt)], device=z.device)),
+        )
         P = len(prompt)
         self.feats[:, :P] = taps.to(self.feats.device, self.feats.dtype)
         gen = [int(first[0])]
@@ -140,8 +160,16 @@ class OnlineDecoder:
         return SpecOutput(gen, c, blocks)
 
 
-def speculative_generate(target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, backend: str = "sdpa",
-                         graphs: bool | None = None, compile: bool = False, sampling: Sampling = Sampling()) -> SpecOutput:
+def speculative_generate(
+    target: Target,
+    drafter: DFlashDrafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    backend: str = "sdpa",
+    graphs: bool | None = None,
+    compile: bool = False,
+    sampling: Sampling = Sampling(),
+) -> SpecOutput:
     """One prompt through a fresh OnlineDecoder (several prompts: build one and call .generate)."""
     dec = OnlineDecoder(target, drafter, len(prompt) + max_new_tokens, backend, graphs, compile, sampling)
     return dec.generate(prompt, max_new_tokens)

@@ -27,31 +27,44 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samp
     g = m.get
     lines = [
         f"== {info.run_name}  ({info.device}, {info.dtype}, block {info.block_size}, taps {info.target_layer_ids})",
-        f"acceptance length τ (bonus included, token-weighted): {fmt(g('acceptance_length'))} ± {fmt(g('acceptance_length_se'))} (SE over prompts)   "
-        f"macro (per-prompt mean): {fmt(g('acceptance_length_macro'))}   expected from accuracy: {fmt(g('expected_acceptance_length'))}",
+        f"acceptance length τ (bonus included, token-weighted): {fmt(g('acceptance_length'))} ± "
+        f"{fmt(g('acceptance_length_se'))} (SE over prompts)   "
+        f"macro (per-prompt mean): {fmt(g('acceptance_length_macro'))}   expected from accuracy: "
+        f"{fmt(g('expected_acceptance_length'))}",
     ]
     if "acceptance_length_unary" in m:  # DFlash2 (the rows are absent for DFlash)
         lines.append(
-            f"DFlash2: τ (selector walk) {fmt(g('acceptance_length'))}   unary τ (argmax, no selector) {fmt(g('acceptance_length_unary'))} "
-            f"± {fmt(g('acceptance_length_unary_se'))}   selector gain {fmt(g('selector_gain'), '+.3f')} ± {fmt(g('selector_gain_se'))} "
-            f"(paired SE)   expected: unary {fmt(g('expected_acceptance_length_unary'))}, top-k ceiling {fmt(g('expected_acceptance_length_topk'))}"
+            f"DFlash2: τ (selector walk) {fmt(g('acceptance_length'))}   unary τ (argmax, no selector) "
+            f"{fmt(g('acceptance_length_unary'))} "
+            f"± {fmt(g('acceptance_length_unary_se'))}   selector gain {fmt(g('selector_gain'), '+.3f')} ± "
+            f"{fmt(g('selector_gain_se'))} "
+            f"(paired SE)   expected: unary {fmt(g('expected_acceptance_length_unary'))}, top-k ceiling "
+            f"{fmt(g('expected_acceptance_length_topk'))}"
         )
     if (pl := res.prompt_lookup) is not None:  # the yardstick beside τ
         lines.append(
-            f"prompt lookup (vLLM's ngram: n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same references): τ {fmt(pl.tau)} ± {fmt(pl.tau_se)};   "
+            f"prompt lookup (vLLM's ngram: n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same references): τ {fmt(pl.tau)} "
+            f"± {fmt(pl.tau_se)};   "
             f"drafter - prompt lookup {fmt(pl.gain, '+.3f')} ± {fmt(pl.gain_se)} (paired SE)"
             + ("   the drafter does not beat it" if pl.gain is not None and pl.gain <= 0 else "")
         )
     if info.drafter_config:
-        lines.append("drafter config: " + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items()) + f"; stop ids {info.stop_ids}")
+        lines.append(
+            "drafter config: "
+            + ", ".join(f"{k}={v}" for k, v in info.drafter_config.items())
+            + f"; stop ids {info.stop_ids}"
+        )
     subsets = sorted(k.split("/", 1)[1] for k in m if k.startswith("acceptance_length/"))
     if subsets:
         lines.append("τ per subset: " + "   ".join(f"{s} {fmt(m[f'acceptance_length/{s}'])}" for s in subsets))
     if g("served/prompts"):
         lines.append(
-            f"served τ (the server's own counters, {int(m['served/prompts'])} prompts): {fmt(g('served/acceptance_length'))} pooled, "
-            f"{fmt(g('served/acceptance_length_macro'))} macro;   offline, counted as the server counts (prefill token included): "
-            f"{fmt(g('served/offline_like'))};   offline - served {fmt(g('served/gap'), '+.3f')} ± {fmt(g('served/gap_se'))} (paired SE)"
+            f"served τ (the server's own counters, {int(m['served/prompts'])} prompts): "
+            f"{fmt(g('served/acceptance_length'))} pooled, "
+            f"{fmt(g('served/acceptance_length_macro'))} macro;   offline, counted as the server counts (prefill token "
+            f"included): "
+            f"{fmt(g('served/offline_like'))};   offline - served {fmt(g('served/gap'), '+.3f')} ± "
+            f"{fmt(g('served/gap_se'))} (paired SE)"
         )
     if "leak_probe/acceptance_length" in m:
         lines.append(
@@ -61,20 +74,30 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samp
     cv = res.curves
     scored = "nll" in cv
     if scored:
-        lines.append(f"NLL of the reference token (tf, nats): {fmt(g('nll_mean'))} ± {fmt(g('nll_mean_se'))}   "
-                     f"overconfidence (confidence - accuracy): {fmt(g('overconfidence'), '+.3f')}")
+        lines.append(
+            f"NLL of the reference token (tf, nats): {fmt(g('nll_mean'))} ± {fmt(g('nll_mean_se'))}   "
+            f"overconfidence (confidence - accuracy): {fmt(g('overconfidence'), '+.3f')}"
+        )
     stride, sel = info.tf_stride, "topk_recall" in cv
-    lines.append("pos   accept(cum)  accept(cond)  accuracy(tf)   ± se" + ("   unary(tf)  top-k recall" if sel else "")
-                 + ("   nll(tf)  confidence" if scored else ""))
+    lines.append(
+        "pos   accept(cum)  accept(cond)  accuracy(tf)   ± se"
+        + ("   unary(tf)  top-k recall" if sel else "")
+        + ("   nll(tf)  confidence" if scored else "")
+    )
     se = cv.get("accuracy_se") or [None] * len(cv["accuracy"])
     for k, (a, c, t) in enumerate(zip(cv["accept_rate"], cv["accept_rate_cond"], cv["accuracy"]), start=1):
         extra = f"  {fmt(cv['unary_accuracy'][k - 1]):>10}  {fmt(cv['topk_recall'][k - 1]):>12}" if sel else ""
         extra += f"  {fmt(cv['nll'][k - 1]):>8}  {fmt(cv['confidence'][k - 1]):>10}" if scored else ""
         lines.append(f"{k:>3}   {fmt(a):>11}  {fmt(c):>12}  {fmt(t):>12}  {fmt(se[k - 1]):>5}{extra}")
     if sel:
-        lines.append("(DFlash2: accuracy(tf) is the selector walk's, unary(tf) the unary top-1's; top-k recall bounds both)")
+        lines.append(
+            "(DFlash2: accuracy(tf) is the selector walk's, unary(tf) the unary top-1's; top-k recall bounds both)"
+        )
     if stride > 1:
-        lines.append(f"(accuracy(tf): every {stride}th anchor (replay.tf_stride={stride}), a systematic sample; ± se over prompts)")
+        lines.append(
+            f"(accuracy(tf): every {stride}th anchor (replay.tf_stride={stride}), a systematic sample; ± se over "
+            f"prompts)"
+        )
     if any(v is None for v in cv["accept_rate_cond"]):
         lines.append("(-: undefined, 0/0: no verify step reached that slot)")
     ref = info.references
@@ -83,8 +106,17 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samp
         f"{ref.hits} cached, {ref.generated} generated; {ref.convention}"
     )
     if info.linear_attention_kernel or ref.engine:
-        lines.append("; ".join(filter(None, [f"linear attention: {info.linear_attention_kernel}" if info.linear_attention_kernel else None,
-                                            f"references engine: {ref.engine}" if ref.engine else None])))
+        lines.append(
+            "; ".join(
+                filter(
+                    None,
+                    [
+                        f"linear attention: {info.linear_attention_kernel}" if info.linear_attention_kernel else None,
+                        f"references engine: {ref.engine}" if ref.engine else None,
+                    ],
+                )
+            )
+        )
     lines.append(f"prompts: {info.prompt_format}; replay: anchors={info.replay_anchors}, tf_stride={info.tf_stride}")
     lines.append("time (s): " + "  ".join(f"{k} {v:.1f}" for k, v in res.timings.items()))
     for s in samples[:1]:
@@ -108,12 +140,16 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
     sha = f" (sha256 `{info.checkpoint_sha256[:12]}`)" if info.checkpoint_sha256 else ""
     per_subset = ", ".join(f"{s} **{fmt(m.get(f'acceptance_length/{s}'))}** ({n[s]})" for s in sorted(n))
     lines = [
-        f"**τ = {fmt(m.get('acceptance_length'))} ± {fmt(m.get('acceptance_length_se'))}**; per subset (prompts): {per_subset}",
+        f"**τ = {fmt(m.get('acceptance_length'))} ± {fmt(m.get('acceptance_length_se'))}**; per subset (prompts): "
+        f"{per_subset}",
         "",
-        f"τ: committed tokens per verify step, bonus included (plain decoding = 1); ± SE over {len(res.prompts)} prompts. Expected from "
-        f"teacher-forced accuracy {fmt(m.get('expected_acceptance_length'))}, per-prompt mean {fmt(m.get('acceptance_length_macro'))}.",
+        f"τ: committed tokens per verify step, bonus included (plain decoding = 1); ± SE over {len(res.prompts)} "
+        f"prompts. Expected from "
+        f"teacher-forced accuracy {fmt(m.get('expected_acceptance_length'))}, per-prompt mean "
+        f"{fmt(m.get('acceptance_length_macro'))}.",
         "",
-        f"- **drafter**: {info.drafter_name} @ step {info.drafter_step if info.drafter_step is not None else '-'}{ckpt}{sha}; "
+        f"- **drafter**: {info.drafter_name} @ step "
+        f"{info.drafter_step if info.drafter_step is not None else '-'}{ckpt}{sha}; "
         f"block {info.block_size}, taps {info.target_layer_ids}, mask id {info.mask_token_id}",
         f"- **target**: {target_name} (`{info.target_identity}`), {info.device}, {info.dtype}",
         f"- **prompts**: {prompts_label}: {len(res.prompts)} ({', '.join(f'{s} {n[s]}' for s in sorted(n))}); "
@@ -121,18 +157,29 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
         f"references {ref.hits} cached, {ref.generated} generated",
     ]
     if "acceptance_length_unary" in m:
-        lines.append(f"- **DFlash2**: unary τ (argmax, no selector) {fmt(m.get('acceptance_length_unary'))}; selector gain "
-                     f"{fmt(m.get('selector_gain'), '+.3f')} ± {fmt(m.get('selector_gain_se'))} (paired SE); expected τ of the "
-                     f"top-k ceiling {fmt(m.get('expected_acceptance_length_topk'))}")
+        lines.append(
+            f"- **DFlash2**: unary τ (argmax, no selector) {fmt(m.get('acceptance_length_unary'))}; selector gain "
+            f"{fmt(m.get('selector_gain'), '+.3f')} ± {fmt(m.get('selector_gain_se'))} (paired SE); expected τ of the "
+            f"top-k ceiling {fmt(m.get('expected_acceptance_length_topk'))}"
+        )
     if (pl := res.prompt_lookup) is not None:
-        lines.append(f"- **prompt lookup** (the yardstick: vLLM's ngram, n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same references): "
-                     f"τ {fmt(pl.tau)} ± {fmt(pl.tau_se)}; drafter - prompt lookup {fmt(pl.gain, '+.3f')} ± {fmt(pl.gain_se)} (paired SE)")
+        lines.append(
+            f"- **prompt lookup** (the yardstick: vLLM's ngram, n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same "
+            f"references): "
+            f"τ {fmt(pl.tau)} ± {fmt(pl.tau_se)}; drafter - prompt lookup {fmt(pl.gain, '+.3f')} ± {fmt(pl.gain_se)} "
+            f"(paired SE)"
+        )
     if m.get("leak_probe/acceptance_length") is not None:
-        lines.append(f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "
-                     f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})")
+        lines.append(
+            f"- **leak probe**: τ {fmt(m['leak_probe/acceptance_length'])} with the anchor's own feature visible "
+            f"(gain {fmt(m.get('leak_probe/tau_gain'), '+.3f')})"
+        )
     lines += [f"- **warning**: {w}" for w in res.warnings]
-    lines.append("- artifacts: `samples.html` (each verify step's accepted / rejected / bonus tokens), `plots/`, `per_position.json`, "
-                 "`per_prompt.json` (what `dflash-compare` pairs), `config.yaml`")
+    lines.append(
+        "- artifacts: `samples.html` (each verify step's accepted / rejected / bonus tokens), `plots/`, "
+        "`per_position.json`, "
+        "`per_prompt.json` (what `dflash-compare` pairs), `config.yaml`"
+    )
     return "\n".join(lines)
 
 
@@ -145,33 +192,62 @@ def sweep_markdown(name: str, table: Sequence[SweepRow], failed: Sequence[str], 
     if "prompts" not in swept and any(r.dataset for r in table):
         swept.append("dataset")
     base = next((r.paired_against for r in table if r.paired_against), None)
-    once = yardstick_once(table)  # prompt lookup's τ, one value for the whole sweep; else a column where children differ
+    once = yardstick_once(
+        table
+    )  # prompt lookup's τ, one value for the whole sweep; else a column where children differ
     per_child = once is None and any(r.prompt_lookup_tau is not None for r in table)
     lines = [f"**{name}**: {len(table)} children, ended {status}" + (f" ({reason})" if reason else "") + ".", ""]
     if table:
         head = " | ".join("data set" if k == "dataset" else k for k in swept)
-        lines += [f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|")
-                  + (" prompt lookup τ |" if per_child else ""), "| --- |" + " --- |" * (len(swept) + 3 + per_child)]
+        lines += [
+            f"| run | {head} | τ ± SE | published τ | Δτ ± SE vs {base or '-'} |".replace("|  |", "|")
+            + (" prompt lookup τ |" if per_child else ""),
+            "| --- |" + " --- |" * (len(swept) + 3 + per_child),
+        ]
         first = next((i for i, r in enumerate(table) if r.tau is not None), None)  # what the others are paired against
         unpaired = [i for i, r in enumerate(table) if i != first and r.tau is not None and r.not_paired]
         for i, r in enumerate(table):
             vals = "".join(f" {(r.dataset if k == 'dataset' else r.values.get(k)) or ''} |" for k in swept)
-            delta = ("baseline" if i == first else "not paired" if i in unpaired else "-" if r.delta_tau is None
-                     else f"{fmt(r.delta_tau, '+.3f')} ± {fmt(r.delta_tau_se)}")
+            delta = (
+                "baseline"
+                if i == first
+                else "not paired"
+                if i in unpaired
+                else "-"
+                if r.delta_tau is None
+                else f"{fmt(r.delta_tau, '+.3f')} ± {fmt(r.delta_tau_se)}"
+            )
             tau = "- (no result)" if r.tau is None else f"{fmt(r.tau)} ± {fmt(r.tau_se)}"
             pub = fmt(r.published_tau) + (" (another setting)" if r.published_differs else "")
-            lines.append(f"| {r.run} |{vals} {tau} | {pub} | {delta} |" + (f" {fmt(r.prompt_lookup_tau)} |" if per_child else ""))
+            lines.append(
+                f"| {r.run} |{vals} {tau} | {pub} | {delta} |" + (f" {fmt(r.prompt_lookup_tau)} |" if per_child else "")
+            )
         if once is not None:
-            lines += ["", f"Prompt lookup (the yardstick: vLLM's ngram on the same references, prompt_lookup.* params): τ **{fmt(once)}**; "
-                          "a drafter that does not beat it is not worth serving."]
+            lines += [
+                "",
+                f"Prompt lookup (the yardstick: vLLM's ngram on the same references, prompt_lookup.* params): τ "
+                f"**{fmt(once)}**; "
+                "a drafter that does not beat it is not worth serving.",
+            ]
         if unpaired:  # compare.align refused them: why, naming the prompts or the tag that differs
-            lines += ["", f"**Not paired with {base}** (their Δτ would mix drafter and data):",
-                      *[f"- {table[i].run}: {table[i].not_paired}" for i in unpaired]]
+            lines += [
+                "",
+                f"**Not paired with {base}** (their Δτ would mix drafter and data):",
+                *[f"- {table[i].run}: {table[i].not_paired}" for i in unpaired],
+            ]
     if other := [r for r in table if r.published_differs]:  # the published τ beside a run measured otherwise: say how
-        lines += ["", "**Published τ measured in another setting** (z-lab 2026-01: 2048 new tokens, thinking off, hf_shuffle seed 0):",
-                  *[f"- {r.run}: {r.published_differs}" for r in other]]
+        lines += [
+            "",
+            "**Published τ measured in another setting** (z-lab 2026-01: 2048 new tokens, thinking off, hf_shuffle "
+            "seed 0):",
+            *[f"- {r.run}: {r.published_differs}" for r in other],
+        ]
     if failed:
         lines += ["", f"**Failed jobs ({len(failed)})**:", *[f"- {f}" for f in failed]]
     if table:
-        lines += ["", "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, `sweep/per_position.png`."]
+        lines += [
+            "",
+            "Artifacts: `sweep/children.csv` (also τ per subset, z, paired-against), `sweep/tau.png`, "
+            "`sweep/per_position.png`.",
+        ]
     return "\n".join(lines)

@@ -7,7 +7,8 @@ prompt and reference ids), another target or dtype (`RunIdentity`, from the runs
 those tags cannot be checked and is refused too). `compare`
 gives the gap in τ (overall and per subset), in teacher-forced accuracy at slots 1-3 and (both run
 with scores=true) in the reference token's NLL, for two DFlash2 runs in the unary τ and the top-k recall at
-slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), each with its paired SE (metrics.paired_ratio_diff;
+slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), each with its paired SE
+(metrics.paired_ratio_diff;
 what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
 and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/cli/compare.py,
 reads the runs through dflash.tracking).
@@ -45,7 +46,9 @@ Pair = tuple[PromptRow, PromptRow]
 class CompareRow:
     """One metric of `compare`: A's and B's value, the paired gap B − A, its SE and z; None where undefined."""
 
-    metric: str  # acceptance_length, acceptance_length/<subset>, accuracy/pos_0k, nll_mean; DFlash2: acceptance_length_unary, topk_recall/pos_0k
+    # acceptance_length, acceptance_length/<subset>, accuracy/pos_0k, nll_mean; DFlash2: acceptance_length_unary,
+    # topk_recall/pos_0k
+    metric: str
     a: Rate
     b: Rate
     diff: Rate
@@ -58,7 +61,9 @@ def rows_of(dicts: list[dict[str, Any]]) -> list[PromptRow]:
     try:
         return [PromptRow.from_dict(d) for d in dicts]
     except KeyError as e:
-        raise CompareError(f"a run was logged by an older dflash-eval (its per-prompt rows have no {e.args[0]!r}): evaluate it again") from None
+        raise CompareError(
+            f"a run was logged by an older dflash-eval (its per-prompt rows have no {e.args[0]!r}): evaluate it again"
+        ) from None
 
 
 def _listed(ids: list[str], n: int = 5) -> str:
@@ -72,31 +77,46 @@ def align(rows_a: list[PromptRow], rows_b: list[PromptRow], run_a: RunIdentity, 
     a, b = {r.id: r for r in rows_a}, {r.id: r for r in rows_b}
     if a.keys() != b.keys():
         only_a, only_b = [i for i in a if i not in b], [i for i in b if i not in a]
-        raise CompareError(f"the runs replayed different prompts ({len(only_a)} only in A{': ' + _listed(only_a) if only_a else ''}; "
-                           f"{len(only_b)} only in B{': ' + _listed(only_b) if only_b else ''}): "
-                           "evaluate both with the same prompts=... and prompts.num_prompts, or pass run ids")
+        raise CompareError(
+            f"the runs replayed different prompts ({len(only_a)} only in A{': ' + _listed(only_a) if only_a else ''}; "
+            f"{len(only_b)} only in B{': ' + _listed(only_b) if only_b else ''}): "
+            "evaluate both with the same prompts=... and prompts.num_prompts, or pass run ids"
+        )
     for what, tag in (("target", "target_identity"), ("dtype", "dtype")):
         x, y = getattr(run_a, what), getattr(run_b, what)
         missing = [side for side, v in (("A", x), ("B", y)) if v is None]
         if missing:
             who, it = ("runs A and B have", "them") if len(missing) == 2 else (f"run {missing[0]} has", "it")
-            raise CompareError(f"{who} no {tag} tag (logged before dflash-eval tagged it, or by another tool): whether both used one {what} "
-                               f"cannot be checked; evaluate {it} again")
+            raise CompareError(
+                f"{who} no {tag} tag (logged before dflash-eval tagged it, or by another tool): whether both used one "
+                f"{what} "
+                f"cannot be checked; evaluate {it} again"
+            )
         if x != y:
-            raise CompareError(f"the runs used another {what} (A: {x}, B: {y}): their gap mixes drafter and {what}; "
-                               "compare runs of one target setting")
+            raise CompareError(
+                f"the runs used another {what} (A: {x}, B: {y}): their gap mixes drafter and {what}; "
+                "compare runs of one target setting"
+            )
     prompts = [i for i in a if a[i].prompt_digest != b[i].prompt_digest]
     if prompts:
-        raise CompareError(f"{len(prompts)} prompts were rendered to other token ids: {_listed(prompts)}; the runs used another chat template, "
-                           "system prompt, thinking mode or tokenizer; compare runs of one prompt setting")
+        raise CompareError(
+            f"{len(prompts)} prompts were rendered to other token ids: {_listed(prompts)}; the runs used another chat "
+            f"template, "
+            "system prompt, thinking mode or tokenizer; compare runs of one prompt setting"
+        )
     refs = [i for i in a if a[i].reference_digest != b[i].reference_digest]
     if refs:
-        raise CompareError(f"{len(refs)} prompts have other references: {_listed(refs)}; the runs used another target, dtype, server or sampling "
-                           "(or prompts.max_new_tokens); compare runs of one reference setting")
+        raise CompareError(
+            f"{len(refs)} prompts have other references: {_listed(refs)}; the runs used another target, dtype, server "
+            f"or sampling "
+            "(or prompts.max_new_tokens); compare runs of one reference setting"
+        )
     return [(a[i], b[i]) for i in a]
 
 
-def _row(name: str, pairs: list[Pair], num: Callable[[PromptRow], float], den: Callable[[PromptRow], float]) -> CompareRow:
+def _row(
+    name: str, pairs: list[Pair], num: Callable[[PromptRow], float], den: Callable[[PromptRow], float]
+) -> CompareRow:
     """One metric's paired gap; None where undefined (no step on a side; an SE under 2 prompts; z over an SE of 0)."""
     na, da = [num(x) for x, _ in pairs], [den(x) for x, _ in pairs]
     nb, db = [num(y) for _, y in pairs], [den(y) for _, y in pairs]
@@ -111,15 +131,29 @@ def compare(pairs: list[Pair]) -> list[CompareRow]:
     out = [_row("acceptance_length", pairs, lambda r: r.committed, lambda r: r.steps)]
     subsets = sorted({x.subset for x, _ in pairs})
     if len(subsets) > 1:
-        out += [_row(f"acceptance_length/{s}", [p for p in pairs if p[0].subset == s], lambda r: r.committed, lambda r: r.steps) for s in subsets]
+        out += [
+            _row(
+                f"acceptance_length/{s}",
+                [p for p in pairs if p[0].subset == s],
+                lambda r: r.committed,
+                lambda r: r.steps,
+            )
+            for s in subsets
+        ]
     for k in range(min(3, len(pairs[0][0].tf_total) if pairs else 0)):
-        out.append(_row(f"accuracy/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_correct[k], lambda r, k=k: r.tf_total[k]))
+        out.append(
+            _row(f"accuracy/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_correct[k], lambda r, k=k: r.tf_total[k])
+        )
     if pairs and all(x.tf_nll is not None and y.tf_nll is not None for x, y in pairs):  # both ran with scores=true
         out.append(_row("nll_mean", pairs, lambda r: r.tf_nll, lambda r: sum(r.tf_total)))
     if pairs and all(x.unary_steps is not None and y.unary_steps is not None for x, y in pairs):  # two DFlash2 runs
         out.append(_row("acceptance_length_unary", pairs, lambda r: r.unary_committed, lambda r: r.unary_steps))
         for k in range(min(3, len(pairs[0][0].tf_total))):
-            out.append(_row(f"topk_recall/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_topk_hit[k], lambda r, k=k: r.tf_total[k]))
+            out.append(
+                _row(
+                    f"topk_recall/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_topk_hit[k], lambda r, k=k: r.tf_total[k]
+                )
+            )
     return out
 
 
@@ -128,17 +162,27 @@ def _f(x: float | None, spec: str, width: int) -> str:
 
 
 def render(name_a: str, name_b: str, n: int, rows: list[CompareRow]) -> str:
-    lines = [f"A = {name_a}   B = {name_b}   {n} prompts, paired by prompt", f"{'metric':<28}{'A':>8}{'B':>8}{'B-A':>9}{'± SE':>8}{'z':>7}"]
+    lines = [
+        f"A = {name_a}   B = {name_b}   {n} prompts, paired by prompt",
+        f"{'metric':<28}{'A':>8}{'B':>8}{'B-A':>9}{'± SE':>8}{'z':>7}",
+    ]
     for r in rows:
         verdict = "" if r.z is None or abs(r.z) < 2 else ("  B higher" if r.z > 0 else "  B lower")
-        lines.append(f"{r.metric:<28}{_f(r.a, '.3f', 8)}{_f(r.b, '.3f', 8)}{_f(r.diff, '+.3f', 9)}{_f(r.se, '.3f', 8)}{_f(r.z, '+.1f', 7)}{verdict}")
-    lines.append("|z| >= 2: a measurable gap (lower NLL is better; higher τ and accuracy are better); -: undefined (no verify step, "
-                 "an SE over fewer than 2 prompts, z over an SE of 0)")
+        lines.append(
+            f"{r.metric:<28}{_f(r.a, '.3f', 8)}{_f(r.b, '.3f', 8)}{_f(r.diff, '+.3f', 9)}"
+            f"{_f(r.se, '.3f', 8)}{_f(r.z, '+.1f', 7)}{verdict}"
+        )
+    lines.append(
+        "|z| >= 2: a measurable gap (lower NLL is better; higher τ and accuracy are better); -: undefined (no verify "
+        "step, "
+        "an SE over fewer than 2 prompts, z over an SE of 0)"
+    )
     return "\n".join(lines)
 
 
 def table_csv(rows: list[dict[str, Any]]) -> str:
-    """Rows (column -> value) as CSV, columns in order of first appearance; floats to 6 significant digits, None empty."""
+    """Rows (column -> value) as CSV, columns in order of first appearance; floats to 6 significant digits, None
+    empty."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -153,6 +197,10 @@ def compare_artifacts(name_a: str, name_b: str, rows: list[CompareRow]) -> dict[
     from dflash.report import plots
 
     stem = re.sub(r"[^A-Za-z0-9_.@=-]+", "_", f"compare_{name_a}_vs_{name_b}")
-    png = plots.gaps_png([r.metric for r in rows], [r.diff for r in rows], [r.se for r in rows],
-                         title=f"B = {name_b}  minus  A = {name_a}, paired by prompt")
+    png = plots.gaps_png(
+        [r.metric for r in rows],
+        [r.diff for r in rows],
+        [r.se for r in rows],
+        title=f"B = {name_b}  minus  A = {name_a}, paired by prompt",
+    )
     return {f"{stem}.csv": table_csv([asdict(r) for r in rows]).encode(), f"{stem}.png": png}

@@ -68,8 +68,12 @@ def position_curves_png(c: Counters, title: str = "") -> bytes:
     _slots_axis(ax, len(k), "rate")
     ax.legend(fontsize=8, loc="upper right")
     tau = acceptance_length(c)  # None: no verify step (undefined)
-    ax.set_title(f"{title + ': ' if title else ''}per-position acceptance, τ = {'-' if tau is None else f'{tau:.3f}'} (bonus included), "
-                 f"{c.steps} verify steps", fontsize=10)
+    ax.set_title(
+        f"{title + ': ' if title else ''}per-position acceptance, τ = {'-' if tau is None else f'{tau:.3f}'} (bonus "
+        f"included), "
+        f"{c.steps} verify steps",
+        fontsize=10,
+    )
     if any(v is None for v in r["accept_rate_cond"]):
         fig.text(0.01, -0.02, "gaps: 0/0, no step reached that slot (undefined, not 0)", fontsize=8)
     return _png(fig)
@@ -98,8 +102,15 @@ def run_plots(c: Counters, title: str = "") -> dict[str, bytes]:
     return {"plots/per_position.png": position_curves_png(c, title), "plots/commit_hist.png": commit_hist_png(c, title)}
 
 
-def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequence[float | None],
-               x: Sequence[float] | None = None, xlabel: str = "run", title: str = "", yardstick: float | None = None) -> Figure:
+def tau_figure(
+    labels: Sequence[str],
+    taus: Sequence[float | None],
+    ses: Sequence[float | None],
+    x: Sequence[float] | None = None,
+    xlabel: str = "run",
+    title: str = "",
+    yardstick: float | None = None,
+) -> Figure:
     """τ ± SE per run; at `x` (the swept value) when given, else one slot per label. An undefined τ is
     a gap (the line breaks there), an undefined SE no bar. `yardstick`: prompt lookup's τ, one line for all runs."""
     fig = Figure(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
@@ -107,7 +118,13 @@ def tau_figure(labels: Sequence[str], taus: Sequence[float | None], ses: Sequenc
     xs = list(x) if x is not None else list(range(len(labels)))
     ax.errorbar(xs, _y(taus), yerr=_y(ses), fmt="o-" if x is not None else "o", capsize=4, label="τ ± SE over prompts")
     if x is None:
-        ax.set_xticks(xs, list(labels), rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center", fontsize=8)
+        ax.set_xticks(
+            xs,
+            list(labels),
+            rotation=30 if len(labels) > 3 else 0,
+            ha="right" if len(labels) > 3 else "center",
+            fontsize=8,
+        )
     else:
         for i, t in enumerate(taus):
             if t is not None:
@@ -141,14 +158,22 @@ def curves_png(curves: dict[str, Curve], ylabel: str, title: str = "") -> bytes:
     return _png(fig)
 
 
-def gaps_png(metrics: Sequence[str], diffs: Sequence[float | None], ses: Sequence[float | None], title: str = "") -> bytes:
+def gaps_png(
+    metrics: Sequence[str], diffs: Sequence[float | None], ses: Sequence[float | None], title: str = ""
+) -> bytes:
     """Paired gaps B − A per metric (a comparison's rows: metric, diff, se), ±2 SE bars; 0 = no difference. An
     undefined gap (None) is left out of the plot, an undefined SE draws no bar."""
     fig = Figure(figsize=(7.5, 0.45 * len(metrics) + 1.6))
     ax = fig.add_subplot()
     y = list(range(len(metrics)))[::-1]
-    ax.errorbar(_y(diffs), y, xerr=_y([None if s is None else 2 * s for s in ses]), fmt="o", capsize=4,
-                label="B − A ± 2 SE (paired by prompt)")
+    ax.errorbar(
+        _y(diffs),
+        y,
+        xerr=_y([None if s is None else 2 * s for s in ses]),
+        fmt="o",
+        capsize=4,
+        label="B − A ± 2 SE (paired by prompt)",
+    )
     ax.axvline(0.0, color="grey", lw=0.8)
     ax.set_yticks(y, [m + (" (undefined)" if d is None else "") for m, d in zip(metrics, diffs)], fontsize=8)
     ax.set_xlabel("B − A (higher τ and accuracy are better; lower NLL is better)")

@@ -48,7 +48,7 @@ def token_pieces(tok: Any, ids: Sequence[int], start: int = 0) -> list[str]:
         head, full = _decode(tok, ids[c:s]), _decode(tok, ids[c:e])
         if full.endswith("\ufffd") and e < len(ids) and e - s < 4:  # a UTF-8 character goes on in the next token
             continue
-        text = full[len(head):] if full.startswith(head) else _decode(tok, ids[s:e])
+        text = full[len(head) :] if full.startswith(head) else _decode(tok, ids[s:e])
         out += [""] * (e - s - 1) + [text]
         s = e
     return out
@@ -70,7 +70,9 @@ class SampleStep:
     accepted: int  # drafted tokens the target accepted
     bonus: str | None  # the target's token after them; None where the reference ended
     unary: list[str] | None = None  # DFlash2: the unary top-1 at the same slots, decoded
-    reranked: list[int] = field(default_factory=list)  # DFlash2: 0-based slots where the walk chose other than the unary top-1
+    reranked: list[int] = field(
+        default_factory=list
+    )  # DFlash2: 0-based slots where the walk chose other than the unary top-1
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,28 @@ def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], bl
         ctx = seq[max(0, b.anchor_pos + 1 - CONTEXT) : b.anchor_pos + 1]
         unary = None if b.unary is None else token_pieces(tok, ctx + b.unary, len(ctx))
         reranked = [] if b.unary is None else [k for k, (w, u) in enumerate(zip(b.proposal, b.unary)) if w != u]
-        steps.append(SampleStep(b.anchor_pos, token_pieces(tok, ctx + b.proposal, len(ctx)), list(b.proposal), b.accepted,
-                                ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None, unary, reranked))
-    return Sample(p.id, p.subset, prompt_text(p), P, "".join(ref), ref, committed / len(blocks) if blocks else None, len(blocks), steps)
+        steps.append(
+            SampleStep(
+                b.anchor_pos,
+                token_pieces(tok, ctx + b.proposal, len(ctx)),
+                list(b.proposal),
+                b.accepted,
+                ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None,
+                unary,
+                reranked,
+            )
+        )
+    return Sample(
+        p.id,
+        p.subset,
+        prompt_text(p),
+        P,
+        "".join(ref),
+        ref,
+        committed / len(blocks) if blocks else None,
+        len(blocks),
+        steps,
+    )
 
 
 def samples_json(records: list[Sample]) -> str:
@@ -126,15 +147,19 @@ pre.prompt { white-space: pre-wrap; background: #f4f4f4; padding: .5em; }
 
 LEGEND = (
     '<p class="legend"><span class="pre">prefill token</span><span class="acc">accepted drafted token</span>'
-    '<span class="rej">drafter&#x27;s first rejected token</span><span class="bonus">bonus token (the target&#x27;s own)</span>'
+    '<span class="rej">drafter&#x27;s first rejected token</span><span class="bonus">bonus token (the target&#x27;s '
+    "own)</span>"
     '<span class="step">&nbsp;</span>a verify step starts</p>'
     "<p>Each box is one verify step: the drafted tokens the target accepted, then the bonus token it commits itself; "
     "where the draft was rejected, the drafter&#x27;s token at that slot is shown struck through before the bonus "
-    "(hover it for the whole rejected draft). τ = tokens committed per verify step, bonus included (plain decoding = 1). "
+    "(hover it for the whole rejected draft). τ = tokens committed per verify step, bonus included (plain decoding = "
+    "1). "
     "↵ marks a newline inside a coloured token.</p>"
 )
-SELECTOR_LEGEND = ('<p class="legend"><span class="acc sel">selector&#x27;s choice</span>DFlash2: a drafted token the '
-                   "candidate selector chose over the unary top-1 (hover it for the unary top-1).</p>")
+SELECTOR_LEGEND = (
+    '<p class="legend"><span class="acc sel">selector&#x27;s choice</span>DFlash2: a drafted token the '
+    "candidate selector chose over the unary top-1 (hover it for the unary top-1).</p>"
+)
 
 
 def _selected(b: SampleStep, k: int, cls: str, title: str) -> tuple[str, str]:
@@ -161,7 +186,9 @@ def _reference_html(r: Sample) -> str:
         if b.bonus is not None:
             if a < len(b.proposal):
                 rejected = "".join(b.proposal[a:])
-                cls, title = _selected(b, a, "rej", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}")
+                cls, title = _selected(
+                    b, a, "rej", f"step {i + 1}: slot {a + 1} drafted, rejected; the whole rejected draft: {rejected!r}"
+                )
                 parts.append(_span(cls, b.proposal[a] or "\ufffd", title))
             parts.append(_span("bonus", b.bonus, f"step {i + 1}: bonus token after {a} accepted"))
         out.append(f'<span class="step" title="{html.escape(f"step {i + 1}: {a} accepted")}">{"".join(parts)}</span>')
@@ -175,26 +202,41 @@ def _tau(r: Sample) -> str:
 
 def samples_html(records: list[Sample], title: str = "") -> str:
     e = html.escape
-    toc = "".join(f'<tr><td><a href="#s{n}">{e(r.id)}</a></td><td>{e(r.subset)}</td><td>τ {_tau(r)}</td>'
-                  f"<td>{r.steps} steps</td></tr>" for n, r in enumerate(records))
+    toc = "".join(
+        f'<tr><td><a href="#s{n}">{e(r.id)}</a></td><td>{e(r.subset)}</td><td>τ {_tau(r)}</td>'
+        f"<td>{r.steps} steps</td></tr>"
+        for n, r in enumerate(records)
+    )
     body = []
     for n, r in enumerate(records):
         body.append(
-            f'<section id="s{n}"><h2>{e(r.id)} <small>({e(r.subset)})</small>: τ = {_tau(r)} over {r.steps} verify steps</h2>'
-            f'<details><summary>prompt ({r.prompt_tokens} tokens rendered)</summary><pre class="prompt">{e(r.prompt)}</pre></details>'
+            f'<section id="s{n}"><h2>{e(r.id)} <small>({e(r.subset)})</small>: τ = {_tau(r)} over {r.steps} verify '
+            f"steps</h2>"
+            f"<details><summary>prompt ({r.prompt_tokens} tokens rendered)</summary><pre "
+            f'class="prompt">{e(r.prompt)}</pre></details>'
             f'<div class="text">{_reference_html(r)}</div></section>'
         )
     head = f"Samples{': ' + e(title) if title else ''}"
     sel = SELECTOR_LEGEND if any(b.unary is not None for r in records for b in r.blocks) else ""
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{head}</title><style>{CSS}</style></head><body>'
-            f'<h1>{head}</h1>{LEGEND}{sel}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n')
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{head}</title><style>{CSS}</style></head><body>'
+        f'<h1>{head}</h1>{LEGEND}{sel}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n'
+    )
 
 
 def samples_of(res: "EvalResult", n: int) -> list[Sample]:
     """The sample records of `n` prompts of a result, one subset at a time in turn (stages.prompts.round_robin),
     decoded with the target's tokenizer the result carries; none without one."""
-    shown = {p.id for p in round_robin([r.prompt for r in res.prompts], n)} if n > 0 and res.tokenizer is not None else set()
-    return [sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, res.tokenizer) for r in res.prompts if r.prompt.id in shown]
+    shown = (
+        {p.id for p in round_robin([r.prompt for r in res.prompts], n)}
+        if n > 0 and res.tokenizer is not None
+        else set()
+    )
+    return [
+        sample_record(r.prompt, r.prompt_ids, r.reference, r.blocks, res.tokenizer)
+        for r in res.prompts
+        if r.prompt.id in shown
+    ]
 
 
 def artifacts(records: list[Sample], title: str = "") -> dict[str, bytes]:

@@ -5,7 +5,7 @@ Every reader returns the same plain data, `{name: [(step, value)]}` sorted by st
 keeps the names a training-run parent logs under `train/` (default: accuracy- and loss-like ones);
 `accuracy_name` picks the training accuracy the stall check reads. `stall(points, min_rise)`: when the trainer's
 accuracy kept rising while τ did not rise past its best earlier value by more than two standard errors, the
-numbers that say so (DFLASH.md §9: training accuracy that says nothing of acceptance).
+numbers that say so (docs/family.md §9: training accuracy that says nothing of acceptance).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ DEFAULT_PATTERNS = (r"acc", r"loss")  # accuracy- and loss-like names: acc, acc_
 
 
 def read_jsonl(path: Path) -> Series:
-    """metrics.jsonl: one JSON object per line with a `step` and numbers (dflash.train's format); other lines skipped."""
+    """metrics.jsonl: one JSON object per line with a `step` and numbers (dflash.train's format); other lines
+    skipped."""
     out: Series = {}
     for line in path.read_text().splitlines():
         try:
@@ -69,8 +70,10 @@ def accuracy_name(names: Sequence[str], configured: str | None) -> str | None:
     holding `acc` (ties: alphabetical); None where there is none."""
     if configured is not None:
         if configured not in names:
-            raise ConfigError(f"train_metrics.accuracy_key={configured!r} is not among the trainer's logged metrics "
-                              f"({', '.join(sorted(names)[:12])}{', ...' if len(names) > 12 else ''})")
+            raise ConfigError(
+                f"train_metrics.accuracy_key={configured!r} is not among the trainer's logged metrics "
+                f"({', '.join(sorted(names)[:12])}{', ...' if len(names) > 12 else ''})"
+            )
         return configured
     accs = [n for n in names if "acc" in n.lower()]
     return min(accs, key=lambda n: (len(n), n)) if accs else None

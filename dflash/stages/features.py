@@ -1,7 +1,8 @@
 """The feature stage: the target's tapped hidden states over every prompt + reference, computed once.
 
 A sequence's features are the outputs of the tapped decoder layers at every position ([T, n*H],
-DFLASH.md §1), from `dflash.models.target.forward.tapped_forward`: the forward stops after the deepest tap (no later
+docs/family.md §1), from `dflash.models.target.forward.tapped_forward`: the forward stops after the deepest tap (no
+later
 layer, no LM head) and long sequences run in chunks of `chunk_tokens` through the KV cache. They
 depend only on the target (identity, dtype, device type, attention implementation), the token ids
 and the taps, so they are cached by that content:
@@ -98,6 +99,7 @@ def feature_key(target: Target, ids: Sequence[int]) -> str:
 
 # --- in-process cache --------------------------------------------------------------------------------
 
+
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -185,7 +187,9 @@ class DiskCache:
             atomic_write(p, lambda tmp: save_file(tensors, tmp, metadata=meta))
         except OSError as e:
             self.writable = False
-            log.warning("features: cannot write the cache under %s (%s); features are computed but not kept", self.root, e)
+            log.warning(
+                "features: cannot write the cache under %s (%s); features are computed but not kept", self.root, e
+            )
             return 0
         new = p.stat().st_size
         self.size += new - old
@@ -201,7 +205,12 @@ class DiskCache:
                 break
             p.unlink(missing_ok=True)
             self.size -= s
-            log.info("features: cache over %.2f GB: removed %s (%.1f MB, least recently used)", self.max_bytes / 1e9, p.name, s / 1e6)
+            log.info(
+                "features: cache over %.2f GB: removed %s (%.1f MB, least recently used)",
+                self.max_bytes / 1e9,
+                p.name,
+                s / 1e6,
+            )
 
 
 # --- the stage -----------------------------------------------------------------------------------------
@@ -214,12 +223,15 @@ def _check_finite(states: dict[int, Tensor], seq_index: int) -> None:
             pos = int(bad.nonzero()[0])
             raise TargetError(
                 f"the target's hidden states are not finite: sequence {seq_index} (prompt index), layer {L}, first at "
-                f"position {pos} of {t.shape[0]}; the target overflows in {str(t.dtype).replace('torch.', '')}: run it in "
+                f"position {pos} of {t.shape[0]}; the target overflows in {str(t.dtype).replace('torch.', '')}: run it "
+                f"in "
                 "bfloat16 or float32 (device.dtype / target.dtype)"
             )
 
 
-def _batch(seqs: Sequence[Sequence[int]], keys: list[str], need: list[tuple[int, ...]], i: int, batch_tokens: int | None) -> list[int]:
+def _batch(
+    seqs: Sequence[Sequence[int]], keys: list[str], need: list[tuple[int, ...]], i: int, batch_tokens: int | None
+) -> list[int]:
     """The sequences of the pass that computes sequence i: i and the consecutive ones after it that need the same
     layers (none twice), while the batch's padded size (count x longest) stays within batch_tokens."""
     group, longest = [i], len(seqs[i])
@@ -233,9 +245,11 @@ def _batch(seqs: Sequence[Sequence[int]], keys: list[str], need: list[tuple[int,
     return group
 
 
-def _batched_forward(target: Target, seqs: Sequence[Sequence[int]], group: list[int], layers: list[int], chunk_tokens: int | None
-                     ) -> dict[int, Tensor]:
-    """One target pass over the group, right-padded -> {index: [T_i, m*H]} (each its own copy: no view keeps the batch alive)."""
+def _batched_forward(
+    target: Target, seqs: Sequence[Sequence[int]], group: list[int], layers: list[int], chunk_tokens: int | None
+) -> dict[int, Tensor]:
+    """One target pass over the group, right-padded -> {index: [T_i, m*H]} (each its own copy: no view keeps the batch
+    alive)."""
     T = max(len(seqs[g]) for g in group)
     ids = torch.zeros((len(group), T), dtype=torch.long)  # [S, T]; the padding's id is never read back
     for r, g in enumerate(group):
@@ -261,9 +275,12 @@ def iter_features(
     """Tapped states of each sequence (token ids of prompt + reference) for the union of `layer_sets`
     (one layer list per drafter), in order, one at a time (so the caller never holds them all): from
     memory, from disk, or a truncated target pass for the layers neither holds, batched over the next
-    sequences that need the same (`batch_tokens`; auto: by the device, `FeaturesConfig.batch`). `stats` (if given) is filled
+    sequences that need the same (`batch_tokens`; auto: by the device, `FeaturesConfig.batch`). `stats` (if given) is
+    filled
     as it goes; `cache=False`: compute everything, keep nothing."""
-    fc = FeaturesConfig(cache, max_cache_gb, memory_gb, chunk_tokens, batch_tokens)  # each setting checked where the config is
+    fc = FeaturesConfig(
+        cache, max_cache_gb, memory_gb, chunk_tokens, batch_tokens
+    )  # each setting checked where the config is
     batch_tokens = fc.batch(target.device.type == "cuda")
     union = tuple(dict.fromkeys(L for s in layer_sets for L in s))  # first set's order, then the others' new layers
     if not union:
@@ -273,12 +290,21 @@ def iter_features(
     stats = stats if stats is not None else FeatureStats()
     stats.sequences = len(seqs)
     keys = [feature_key(target, s) for s in seqs]
-    held = [{L for L in union if cache and (k, L) in _MEMORY} | (disk.layers(k, len(s)) if disk else set()) for k, s in zip(keys, seqs)]
+    held = [
+        {L for L in union if cache and (k, L) in _MEMORY} | (disk.layers(k, len(s)) if disk else set())
+        for k, s in zip(keys, seqs)
+    ]
     need = [tuple(L for L in union if L not in h) for h in held]  # the layers each sequence's pass must compute
     tokens = sum(len(s) for s, n in zip(seqs, need) if n)
     log.info(
         "features: %d sequences, %d tokens, taps %s on %s: %d cached, %d to compute (%d tokens)%s",
-        len(seqs), sum(map(len, seqs)), list(union), target.device, sum(not n for n in need), sum(bool(n) for n in need), tokens,
+        len(seqs),
+        sum(map(len, seqs)),
+        list(union),
+        target.device,
+        sum(not n for n in need),
+        sum(bool(n) for n in need),
+        tokens,
         "" if disk else ", cache off",
     )
     bar = Progress("features", total=tokens, unit="tok") if tokens else None
@@ -287,12 +313,16 @@ def iter_features(
         for i, (key, seq) in enumerate(zip(keys, seqs)):
             t0 = time.perf_counter()
             got = {L: _MEMORY.get((key, L)) for L in union if cache and (key, L) in _MEMORY}
-            from_disk = disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
+            from_disk = (
+                disk.read(key, len(seq), [L for L in union if L not in got]) if disk and len(got) < len(union) else {}
+            )
             got.update({L: t.to(target.head_device) for L, t in from_disk.items()})
             missing = [L for L in union if L not in got]
             states = None
             if missing:
-                if i not in computed or tuple(missing) != need[i]:  # (memory may have dropped layers since `need` was read)
+                if (
+                    i not in computed or tuple(missing) != need[i]
+                ):  # (memory may have dropped layers since `need` was read)
                     group = _batch(seqs, keys, need, i, batch_tokens) if tuple(missing) == need[i] else [i]
                     computed = _batched_forward(target, seqs, group, missing, chunk_tokens)
                 states = computed.pop(i)  # [T, m*H]
@@ -326,7 +356,8 @@ def iter_features(
         stats.memory_hits,
         stats.disk_hits,
         stats.seconds,
-        f"; cache {disk.root} holds {disk.size / 1e6:.1f} MB (cap {disk.max_bytes / 1e9:.1f} GB), {stats.bytes_written / 1e6:.1f} MB written"
+        f"; cache {disk.root} holds {disk.size / 1e6:.1f} MB (cap {disk.max_bytes / 1e9:.1f} GB), "
+        f"{stats.bytes_written / 1e6:.1f} MB written"
         if disk
         else "",
     )

@@ -1,4 +1,4 @@
-"""Metrics: raw counters per prompt, and every ratio derived from their sums (DFLASH.md §3).
+"""Metrics: raw counters per prompt, and every ratio derived from their sums (docs/family.md §3).
 
 Conventions (named here; dflash.tracking logs them under these names):
 - `acceptance_length` τ: committed tokens per verify step, bonus included (plain decoding = 1);
@@ -70,8 +70,15 @@ class Counters:
 
     def __post_init__(self):
         K = self.block_size - 1
-        for name, n in (("accepted_at_pos", K), ("commit_hist", K + 2), ("tf_correct", K), ("tf_total", K), ("tf_nll", K), ("tf_conf", K),
-                        *((("tf_unary_correct", K), ("tf_topk_hit", K)) if self.selector else ())):
+        for name, n in (
+            ("accepted_at_pos", K),
+            ("commit_hist", K + 2),
+            ("tf_correct", K),
+            ("tf_total", K),
+            ("tf_nll", K),
+            ("tf_conf", K),
+            *((("tf_unary_correct", K), ("tf_topk_hit", K)) if self.selector else ()),
+        ):
             if not getattr(self, name):
                 setattr(self, name, [0.0 if name in ("tf_nll", "tf_conf") else 0] * n)
 
@@ -80,7 +87,13 @@ class Counters:
         kw = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(o, f.name)
-            kw[f.name] = a if f.name in ("block_size", "selector") else [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+            kw[f.name] = (
+                a
+                if f.name in ("block_size", "selector")
+                else [x + y for x, y in zip(a, b)]
+                if isinstance(a, list)
+                else a + b
+            )
         return Counters(**kw)
 
 
@@ -136,8 +149,11 @@ class PromptRow:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if v is not None or k not in SELECTOR_ROW}
-        return {**{k: d.pop(k) for k in ("id", "subset", "prompt_tokens", "new_tokens", "steps", "committed")},
-                "acceptance_length": self.acceptance_length, **d}
+        return {
+            **{k: d.pop(k) for k in ("id", "subset", "prompt_tokens", "new_tokens", "steps", "committed")},
+            "acceptance_length": self.acceptance_length,
+            **d,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PromptRow":
@@ -155,9 +171,16 @@ def row_counters(rows: list[PromptRow]) -> Counters:
     def col(name: str) -> list[int]:
         return [sum(getattr(r, name)[k] for r in rows) for k in range(K)]
 
-    return Counters(block_size=K + 1, steps=sum(r.steps for r in rows), committed=sum(r.committed for r in rows),
-                    new_tokens=sum(r.new_tokens for r in rows), prompts=len(rows), accepted_at_pos=col("accepted_at_pos"),
-                    tf_correct=col("tf_correct"), tf_total=col("tf_total"))
+    return Counters(
+        block_size=K + 1,
+        steps=sum(r.steps for r in rows),
+        committed=sum(r.committed for r in rows),
+        new_tokens=sum(r.new_tokens for r in rows),
+        prompts=len(rows),
+        accepted_at_pos=col("accepted_at_pos"),
+        tf_correct=col("tf_correct"),
+        tf_total=col("tf_total"),
+    )
 
 
 def ratio(a: float, b: float) -> Rate:
@@ -178,7 +201,9 @@ def ratio_se(num: list[float], den: list[float]) -> Rate:
     return (n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(num, den))) ** 0.5 / D
 
 
-def paired_ratio_diff(num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]) -> tuple[Rate, Rate]:
+def paired_ratio_diff(
+    num_a: list[float], den_a: list[float], num_b: list[float], den_b: list[float]
+) -> tuple[Rate, Rate]:
     """Σnum_b/Σden_b - Σnum_a/Σden_a over the same n clusters, and its paired SE (delta method:
     each cluster's influence on b minus its influence on a, so what the prompts share cancels).
     Undefined is None: the gap when either side has Σden = 0 (no verify step), the SE under 2 clusters."""
@@ -236,11 +261,17 @@ def topk_recall(c: Counters) -> list[Rate]:
 def selector_rows(per_prompt: list[Counters], total: Counters) -> dict[str, Rate]:
     """DFlash2's scalars (module docstring): unary τ, the selector's gain with its paired SE, the expected
     lengths of the unary argmax and of the top-k ceiling."""
-    gain, se = paired_ratio_diff([c.unary_committed for c in per_prompt], [c.unary_steps for c in per_prompt],
-                                 [c.committed for c in per_prompt], [c.steps for c in per_prompt])
+    gain, se = paired_ratio_diff(
+        [c.unary_committed for c in per_prompt],
+        [c.unary_steps for c in per_prompt],
+        [c.committed for c in per_prompt],
+        [c.steps for c in per_prompt],
+    )
     return {
         "acceptance_length_unary": ratio(total.unary_committed, total.unary_steps),
-        "acceptance_length_unary_se": ratio_se([c.unary_committed for c in per_prompt], [c.unary_steps for c in per_prompt]),
+        "acceptance_length_unary_se": ratio_se(
+            [c.unary_committed for c in per_prompt], [c.unary_steps for c in per_prompt]
+        ),
         "selector_gain": gain,
         "selector_gain_se": se,
         "expected_acceptance_length_unary": expected_acceptance_length(unary_accuracy(total)),
@@ -269,9 +300,19 @@ def position_table(c: Counters) -> list[dict[str, Any]]:
     curves = position_curves(c)
     reached = [c.steps] + c.accepted_at_pos[:-1]
     sel = ("tf_unary_correct", "tf_topk_hit") if c.selector else ()
-    return [{"pos": k + 1, **{name: v[k] for name, v in curves.items()}, "accepted": c.accepted_at_pos[k], "reached": reached[k],
-             "steps": c.steps, "tf_correct": c.tf_correct[k], "tf_total": c.tf_total[k], **{n: getattr(c, n)[k] for n in sel}}
-            for k in range(c.block_size - 1)]
+    return [
+        {
+            "pos": k + 1,
+            **{name: v[k] for name, v in curves.items()},
+            "accepted": c.accepted_at_pos[k],
+            "reached": reached[k],
+            "steps": c.steps,
+            "tf_correct": c.tf_correct[k],
+            "tf_total": c.tf_total[k],
+            **{n: getattr(c, n)[k] for n in sel},
+        }
+        for k in range(c.block_size - 1)
+    ]
 
 
 def expected_acceptance_length(acc: list[Rate]) -> Rate:
@@ -305,7 +346,9 @@ def summarize(per_prompt: list[tuple[str, Counters]]) -> dict[str, Rate]:
     }
     if total.committed_uncapped:  # every step counted in full (replay and online loop alike)
         m["acceptance_length_uncapped"] = ratio(total.committed_uncapped, total.steps)
-        m["acceptance_length_macro_uncapped"] = ratio(sum(ratio(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus))
+        m["acceptance_length_macro_uncapped"] = ratio(
+            sum(ratio(c.committed_uncapped, c.steps) for _, c in per_prompt if c.steps), len(taus)
+        )
     if total.selector:
         m.update(selector_rows([c for _, c in per_prompt], total))
     if scored(total):

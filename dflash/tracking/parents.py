@@ -2,7 +2,8 @@
 
 A family is what makes a run a child: `SweepFamily` (the jobs of one `-m` sweep, found by the sweep's unique id,
 dflash/cli/app.py) and `TrainingRunFamily` (the evaluated steps of one training run on one target and prompt
-setting, found by a digest of that identity, dflash/evaluation/series.py). `Run(..., parent=family)` finds or creates the
+setting, found by a digest of that identity, dflash/evaluation/series.py). `Run(..., parent=family)` finds or creates
+the
 family's parent in its experiment under the store lock (jobs launched together share one parent) and tags the
 child. At a sweep's end `sweep_parents` reads the children back and `finish_parent` gives the parent what the
 caller made of them; a training run's parent is reopened by each invocation (`open_parent`), learns which
@@ -16,7 +17,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash.tracking.record import CHECKPOINT_SHA_TAG, DRAFTER_STEP_TAG, JOB_TAG, OVERRIDES_TAG, PROMPT_LOOKUP_TAU, TAU, RunTags
+from dflash.tracking.record import (
+    CHECKPOINT_SHA_TAG,
+    DRAFTER_STEP_TAG,
+    JOB_TAG,
+    OVERRIDES_TAG,
+    PROMPT_LOOKUP_TAU,
+    TAU,
+    RunTags,
+)
 from dflash.tracking.run import Run
 from dflash.tracking.store import (
     NOTE_TAG,
@@ -40,7 +49,10 @@ from dflash.util.errors import TrackingError
 SWEEP_DIR_TAG = "dflash.sweep_dir"
 RUN_DIR_TAG = "dflash.run_dir"  # a training run's parent: the folder its steps come from
 BEST_CHILD_TAG = "dflash.best_child"
-JOBS_TAG, FAILED_JOBS_TAG = "dflash.jobs", "dflash.failed_jobs"  # a sweep's parent: its children counted, the failed jobs
+JOBS_TAG, FAILED_JOBS_TAG = (
+    "dflash.jobs",
+    "dflash.failed_jobs",
+)  # a sweep's parent: its children counted, the failed jobs
 
 
 @dataclass(frozen=True)
@@ -53,11 +65,20 @@ class SweepFamily:
 
     def parent_run(self, client, experiment_id: str) -> str:
         """The sweep's parent in this experiment, created if missing (call under store_lock)."""
-        found = client.search_runs([experiment_id], f"tags.`{SWEEP_TAG}` = '{self.id}' and tags.`{ROLE_TAG}` = '{SWEEP}'", max_results=1)
+        found = client.search_runs(
+            [experiment_id], f"tags.`{SWEEP_TAG}` = '{self.id}' and tags.`{ROLE_TAG}` = '{SWEEP}'", max_results=1
+        )
         if found:
             return found[0].info.run_id
-        tags = {SWEEP_TAG: self.id, ROLE_TAG: SWEEP, SWEEP_DIR_TAG: self.dir, **source_tags(), **process_tags(),
-                NOTE_TAG: f"A `-m` sweep (`{self.name}`), running: its children are the jobs. When it ends this run holds their comparison."}
+        tags = {
+            SWEEP_TAG: self.id,
+            ROLE_TAG: SWEEP,
+            SWEEP_DIR_TAG: self.dir,
+            **source_tags(),
+            **process_tags(),
+            NOTE_TAG: f"A `-m` sweep (`{self.name}`), running: its children are the jobs. When it ends this run holds "
+            f"their comparison.",
+        }
         return client.create_run(experiment_id, run_name=self.name, tags=tags).info.run_id
 
     def child_tags(self) -> dict[str, str]:
@@ -75,12 +96,21 @@ class TrainingRunFamily:
     note: str = ""
 
     def parent_run(self, client, experiment_id: str) -> str:
-        found = client.search_runs([experiment_id], f"tags.`{SERIES_TAG}` = '{self.id}' and tags.`{ROLE_TAG}` = '{TRAINING_RUN}'",
-                                   max_results=1)
+        found = client.search_runs(
+            [experiment_id],
+            f"tags.`{SERIES_TAG}` = '{self.id}' and tags.`{ROLE_TAG}` = '{TRAINING_RUN}'",
+            max_results=1,
+        )
         if found:
             return found[0].info.run_id
-        tags = {SERIES_TAG: self.id, ROLE_TAG: TRAINING_RUN, RUN_DIR_TAG: self.run_dir, **source_tags(), **process_tags(),
-                NOTE_TAG: self.note or f"τ by training step of `{self.run_dir}`: one child per evaluated step."}
+        tags = {
+            SERIES_TAG: self.id,
+            ROLE_TAG: TRAINING_RUN,
+            RUN_DIR_TAG: self.run_dir,
+            **source_tags(),
+            **process_tags(),
+            NOTE_TAG: self.note or f"τ by training step of `{self.run_dir}`: one child per evaluated step.",
+        }
         return client.create_run(experiment_id, run_name=self.name, tags=tags).info.run_id
 
     def child_tags(self) -> dict[str, str]:
@@ -127,16 +157,29 @@ class ParentRun:
 def _child(uri: str, k, rows: bool) -> ChildRun:
     t = k.data.tags
     step = t.get(DRAFTER_STEP_TAG)
-    return ChildRun(k.info.run_name, k.info.run_id, int(t.get(JOB_TAG, -1)), k.info.status, json.loads(t.get(OVERRIDES_TAG, "[]")),
-                    dict(k.data.params), _rows_or_none(uri, k) if rows else None, RunTags.of(t), dict(k.data.metrics),
-                    int(step) if step not in (None, "None", "") else None, t.get(CHECKPOINT_SHA_TAG))
+    return ChildRun(
+        k.info.run_name,
+        k.info.run_id,
+        int(t.get(JOB_TAG, -1)),
+        k.info.status,
+        json.loads(t.get(OVERRIDES_TAG, "[]")),
+        dict(k.data.params),
+        _rows_or_none(uri, k) if rows else None,
+        RunTags.of(t),
+        dict(k.data.metrics),
+        int(step) if step not in (None, "None", "") else None,
+        t.get(CHECKPOINT_SHA_TAG),
+    )
 
 
 def children(uri: str, parent_id: str, rows: bool = True) -> list[ChildRun]:
     """A parent's children, in job order, then by step (`rows`: with their per-prompt rows)."""
     client = mlflow_client(uri)
     exp = client.get_run(parent_id).info.experiment_id
-    kids = [_child(uri, k, rows) for k in client.search_runs([exp], f"tags.`{PARENT_TAG}` = '{parent_id}'", max_results=5000)]
+    kids = [
+        _child(uri, k, rows)
+        for k in client.search_runs([exp], f"tags.`{PARENT_TAG}` = '{parent_id}'", max_results=5000)
+    ]
     return sorted(kids, key=lambda c: (c.job, c.step if c.step is not None else -1))
 
 
@@ -144,18 +187,32 @@ def sweep_parents(uri: str, sweep_id: str) -> list[ParentRun]:
     """Every parent of the sweep (one per experiment) with its children, in job order."""
     client = mlflow_client(uri)
     exps = [e.experiment_id for e in client.search_experiments()]
-    found = client.search_runs(exps, f"tags.`{SWEEP_TAG}` = '{sweep_id}' and tags.`{ROLE_TAG}` = '{SWEEP}'") if exps else []
+    found = (
+        client.search_runs(exps, f"tags.`{SWEEP_TAG}` = '{sweep_id}' and tags.`{ROLE_TAG}` = '{SWEEP}'") if exps else []
+    )
     return [ParentRun(p.info.run_name, p.info.run_id, children(uri, p.info.run_id)) for p in found]
 
 
 def evaluated_steps(uri: str, parent_id: str) -> dict[str, int]:
     """A training run's parent: checkpoint digest -> step, over its FINISHED children (what a new invocation skips)."""
-    return {c.sha256: c.step for c in children(uri, parent_id, rows=False) if c.status == "FINISHED" and c.sha256 and c.step is not None}
+    return {
+        c.sha256: c.step
+        for c in children(uri, parent_id, rows=False)
+        if c.status == "FINISHED" and c.sha256 and c.step is not None
+    }
 
 
-def finish_parent(uri: str, parent_id: str, status: str, files: dict[str, bytes], best_child: tuple[str, str] | None,
-                  tags: dict[str, Any], note: str) -> None:
-    """Log the comparison to the parent and end it `status`; `best_child` (name, run id): its τ metrics become the parent's."""
+def finish_parent(
+    uri: str,
+    parent_id: str,
+    status: str,
+    files: dict[str, bytes],
+    best_child: tuple[str, str] | None,
+    tags: dict[str, Any],
+    note: str,
+) -> None:
+    """Log the comparison to the parent and end it `status`; `best_child` (name, run id): its τ metrics become the
+    parent's."""
     run = Run.attach(uri, parent_id)
     if files:
         run.log_files(files)

@@ -40,7 +40,12 @@ IMPORTED_FROM_TAG = "dflash.imported_from"  # a metrics.jsonl logged after the f
 
 def train_tags(variant: str, bugs: dict[str, bool], imported_from: str | None = None) -> dict[str, str | None]:
     """The tags of a dflash.train run (one per variant)."""
-    return {KIND_TAG: "train", VARIANT_TAG: variant, IMPORTED_FROM_TAG: imported_from, **{f"{BUG_TAG}{k}": str(v) for k, v in bugs.items()}}
+    return {
+        KIND_TAG: "train",
+        VARIANT_TAG: variant,
+        IMPORTED_FROM_TAG: imported_from,
+        **{f"{BUG_TAG}{k}": str(v) for k, v in bugs.items()},
+    }
 
 
 # artifacts
@@ -63,7 +68,7 @@ PROMPT_LOOKUP_GAIN = "prompt_lookup/gain"
 PROMPT_LOOKUP_GAIN_SE = "prompt_lookup/gain_se"
 
 # DFlash2 drafters' extras (dflash/stages/metrics.py computes them; absent for DFlash, not 0), each with the SpecForge
-# training metric it answers (DFLASH.md §8.5; docs/dflash2.md). SpecForge's are teacher-forced on sampled training
+# training metric it answers (docs/family.md §8.5; docs/dflash2.md). SpecForge's are teacher-forced on sampled training
 # anchors; these on every anchor of the evaluation references.
 TAU_UNARY = "acceptance_length_unary"  # τ of the unary argmax's own walk: the drafter without its selector
 SELECTOR_GAIN = "selector_gain"  # τ - unary τ, with selector_gain_se (paired over prompts)
@@ -71,7 +76,8 @@ DFLASH2_SPECFORGE = {  # our MLflow name -> SpecForge's training metric (K = sel
     TAU: "dflash2/selector/walk_accepted_length (there: over sampled anchors)",
     TAU_UNARY: "dflash/hard_label/walk_accepted_length",
     SELECTOR_GAIN: "the difference of the two walk_accepted_length",
-    "expected_acceptance_length_unary": "dflash/hard_label/*_accepted_length of the unary argmax (1 + Σ Π unary accuracy)",
+    "expected_acceptance_length_unary": "dflash/hard_label/*_accepted_length of the unary argmax (1 + Σ Π unary "
+    "accuracy)",
     "expected_acceptance_length_topk": "dflash/hard_label/unary_topK_oracle_accepted_length",
     f"{BY_POSITION}unary_accuracy": "dflash/hard_label/unary_top1_accuracy, position_<j>",
     f"{BY_POSITION}accuracy": "dflash2/selector/self_conditioned_marginal_accuracy, position_<j> (the walk's)",
@@ -116,8 +122,18 @@ def prompt_dataset(res: EvalResult, prompts_cfg: Any) -> Dataset:
     rows = [[r.prompt.id, r.prompt.subset, [list(m) for m in r.prompt.messages]] for r in res.prompts]
     digest = hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:12]
     name = f"prompts:{pc.source}" + (f":{pc.path.rsplit('/', 1)[-1]}" if pc.path else "")
-    profile = {"prompts": len(rows), "subsets": dict(Counter(r[1] for r in rows)), "prompt_tokens": sum(len(r.prompt_ids) for r in res.prompts)}
-    source = {"source": pc.source, "path": pc.path, "num_prompts": pc.num_prompts, "subsets": pc.subsets, "ids": [r[0] for r in rows]}
+    profile = {
+        "prompts": len(rows),
+        "subsets": dict(Counter(r[1] for r in rows)),
+        "prompt_tokens": sum(len(r.prompt_ids) for r in res.prompts),
+    }
+    source = {
+        "source": pc.source,
+        "path": pc.path,
+        "num_prompts": pc.num_prompts,
+        "subsets": pc.subsets,
+        "ids": [r[0] for r in rows],
+    }
     return Dataset(name, digest, source, profile)
 
 
@@ -142,7 +158,12 @@ def prompt_lookup_metrics(p: PromptLookup | None) -> dict[str, float | None]:
     """The yardstick as metrics (empty when it was not computed; undefined values are not logged)."""
     if p is None:
         return {}
-    return {PROMPT_LOOKUP_TAU: p.tau, PROMPT_LOOKUP_TAU_SE: p.tau_se, PROMPT_LOOKUP_GAIN: p.gain, PROMPT_LOOKUP_GAIN_SE: p.gain_se}
+    return {
+        PROMPT_LOOKUP_TAU: p.tau,
+        PROMPT_LOOKUP_TAU_SE: p.tau_se,
+        PROMPT_LOOKUP_GAIN: p.gain,
+        PROMPT_LOOKUP_GAIN_SE: p.gain_se,
+    }
 
 
 def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> None:
@@ -151,15 +172,29 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
     per-prompt and per-position tables, the report's files."""
     info = res.info
     run.set_run_name(info.run_name)  # the step is known now
-    run.set_tags({
-        CHECKPOINT_PATH_TAG: info.checkpoint_path, CHECKPOINT_SHA_TAG: info.checkpoint_sha256, DRAFTER_STEP_TAG: info.drafter_step,
-        DEVICE_TAG: info.device, DTYPE_TAG: info.dtype, TARGET_TAG: info.target_identity, WARNINGS_TAG: " | ".join(res.warnings) or None,
-        LINEAR_KERNEL_TAG: info.linear_attention_kernel, REFERENCE_ENGINE_TAG: info.references.engine,
-    })
+    run.set_tags(
+        {
+            CHECKPOINT_PATH_TAG: info.checkpoint_path,
+            CHECKPOINT_SHA_TAG: info.checkpoint_sha256,
+            DRAFTER_STEP_TAG: info.drafter_step,
+            DEVICE_TAG: info.device,
+            DTYPE_TAG: info.dtype,
+            TARGET_TAG: info.target_identity,
+            WARNINGS_TAG: " | ".join(res.warnings) or None,
+            LINEAR_KERNEL_TAG: info.linear_attention_kernel,
+            REFERENCE_ENGINE_TAG: info.references.engine,
+        }
+    )
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
     curves = {f"{BY_POSITION}{kind}": v for kind, v in res.curves.items()}  # step = draft slot k
-    run.log_metrics({**res.metrics, **prompt_lookup_metrics(res.prompt_lookup), **{f"{TIME}{k}": v for k, v in res.timings.items()}},
-                    curves=curves)
+    run.log_metrics(
+        {
+            **res.metrics,
+            **prompt_lookup_metrics(res.prompt_lookup),
+            **{f"{TIME}{k}": v for k, v in res.timings.items()},
+        },
+        curves=curves,
+    )
     run.log_metrics({}, curves={BY_COMMIT: res.commit_share()})  # step = tokens committed by a verify step
     if share := res.served_commit_share():
         run.log_metrics({}, curves={SERVED_BY_COMMIT: share})  # the server's own histogram, same steps
@@ -176,9 +211,18 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
 
 TRAIN = "train/"  # + the trainer's own metric name: logged on the parent at the trainer's steps
 ACCURACY_SLOT = "accuracy/slot_"  # + k: teacher-forced accuracy at draft slot k (k = 1..SLOTS)
-SLOT_CURVES = {"accuracy": ACCURACY_SLOT, "unary_accuracy": "unary_accuracy/slot_", "topk_recall": "topk_recall/slot_"}  # DFlash2: the last two
+SLOT_CURVES = {
+    "accuracy": ACCURACY_SLOT,
+    "unary_accuracy": "unary_accuracy/slot_",
+    "topk_recall": "topk_recall/slot_",
+}  # DFlash2: the last two
 SLOTS = 3
-SERIES_WORDS = (TAU, "recall", "unary", SELECTOR_GAIN)  # a child's scalar whose name holds one of these is a curve of its parent
+SERIES_WORDS = (
+    TAU,
+    "recall",
+    "unary",
+    SELECTOR_GAIN,
+)  # a child's scalar whose name holds one of these is a curve of its parent
 
 
 def series_point(metrics: dict[str, float | None], curves: dict[str, list[float | None]]) -> dict[str, float | None]:

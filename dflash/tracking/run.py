@@ -52,8 +52,17 @@ class Run:
     or a training run's `Family`) makes it a child of that family's parent in its experiment; `Run.attach` logs to
     a run that exists (a parent)."""
 
-    def __init__(self, uri: str, experiment: str | None, run_name: str, artifact_location: str | None = None, parent: Any = None,
-                 tags: dict[str, Any] | None = None, resume_id: str | None = None, reopen: bool = True):
+    def __init__(
+        self,
+        uri: str,
+        experiment: str | None,
+        run_name: str,
+        artifact_location: str | None = None,
+        parent: Any = None,
+        tags: dict[str, Any] | None = None,
+        resume_id: str | None = None,
+        reopen: bool = True,
+    ):
         self.uri, self.parent_id, self._params = uri, None, set()
         with store_lock(uri):  # first use creates the SQLite schema; the experiment and the parent once
             self.client = open_store(uri)
@@ -64,7 +73,9 @@ class Run:
                 self.experiment_id = ensure_experiment(self.client, str(experiment), artifact_location)
             if parent is not None:
                 self.parent_id = parent.parent_run(self.client, self.experiment_id)
-        if resume_id:  # a resumed run (a training run, a training run's parent) keeps logging to its run, now from this process
+        if (
+            resume_id
+        ):  # a resumed run (a training run, a training run's parent) keeps logging to its run, now from this process
             self.run_id = resume_id
             if reopen:
                 self.client.update_run(resume_id, status="RUNNING")
@@ -95,7 +106,11 @@ class Run:
                 self.client.set_terminated(self.run_id, "FINISHED")
                 return False
             killed = issubclass(exc_type, (KeyboardInterrupt, Terminated))
-            why = ("SIGTERM" if issubclass(exc_type, Terminated) else "SIGINT (Ctrl-C)") if killed else f"{exc_type.__name__}: {exc}"
+            why = (
+                ("SIGTERM" if issubclass(exc_type, Terminated) else "SIGINT (Ctrl-C)")
+                if killed
+                else f"{exc_type.__name__}: {exc}"
+            )
             try:
                 self.client.set_tag(self.run_id, KILLED_TAG if killed else ERROR_TAG, why[:MAX_TAG])
                 if killed and self.parent_id:  # the sweep (the training run's evaluation) stops with it
@@ -134,8 +149,13 @@ class Run:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
-    def log_metrics(self, metrics: dict[str, float | None], step: int = 0, curves: dict[str, Sequence[float | None]] | None = None,
-                    first_step: int = 1) -> None:
+    def log_metrics(
+        self,
+        metrics: dict[str, float | None],
+        step: int = 0,
+        curves: dict[str, Sequence[float | None]] | None = None,
+        first_step: int = 1,
+    ) -> None:
         """Scalars at `step`, and each curve as one metric with step = first_step, first_step + 1, ...;
         each value as measured (full precision: rounding is for what a person reads); undefined values
         (None, NaN, inf) are not logged."""
@@ -149,7 +169,8 @@ class Run:
             self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
 
     def log_points(self, points: dict[str, list[tuple[int, float]]]) -> None:
-        """Metrics at steps of their own ({name: [(step, value)]}: a trainer's metrics on a training run's parent), batched."""
+        """Metrics at steps of their own ({name: [(step, value)]}: a trainer's metrics on a training run's parent),
+        batched."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
@@ -165,25 +186,35 @@ class Run:
         self.client.log_table(self.run_id, data=cols, artifact_file=artifact_file)
 
     def log_per_prompt(self, rows: list[dict[str, Any]]) -> None:
-        """An evaluation run's per-prompt rows (PromptRow.to_dict), as `load_per_prompt` and dflash-compare read them."""
+        """An evaluation run's per-prompt rows (PromptRow.to_dict), as `load_per_prompt` and dflash-compare read
+        them."""
         self.log_table(rows, PER_PROMPT)
 
     def log_files(self, files: dict[str, bytes]) -> None:
         _log_files(self.client, self.run_id, files)
 
-    def log_dataset(self, name: str, digest: str, source: dict[str, Any], profile: dict[str, Any], context: str = "eval") -> None:
-        """An input dataset (the runs table's Dataset column; `dataset.digest = '...'` filters runs on the same data)."""
+    def log_dataset(
+        self, name: str, digest: str, source: dict[str, Any], profile: dict[str, Any], context: str = "eval"
+    ) -> None:
+        """An input dataset (the runs table's Dataset column; `dataset.digest = '...'` filters runs on the same
+        data)."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
-        ds = Dataset(name=name, digest=digest, source_type="local", source=json.dumps(source), profile=json.dumps(profile))
-        self.client.log_inputs(self.run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
+        ds = Dataset(
+            name=name, digest=digest, source_type="local", source=json.dumps(source), profile=json.dumps(profile)
+        )
+        self.client.log_inputs(
+            self.run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])]
+        )
 
     def setup_eval_experiment(self, subsets: Sequence[str]) -> None:
         setup_eval_experiment(self.uri, self.experiment_id, subsets)
 
     def where(self) -> str:
-        return (f"run {self.run_id} in experiment {self.experiment_id} at {self.uri}\n"
-                f"  see it: mlflow ui --backend-store-uri {self.uri}   then {view_url(self.experiment_id)}")
+        return (
+            f"run {self.run_id} in experiment {self.experiment_id} at {self.uri}\n"
+            f"  see it: mlflow ui --backend-store-uri {self.uri}   then {view_url(self.experiment_id)}"
+        )
 
 
 def _log_files(client, run_id: str, files: dict[str, bytes]) -> None:
@@ -199,7 +230,9 @@ def log_files(uri: str, run_id: str, files: dict[str, bytes]) -> None:
     try:
         client.get_run(run_id)
     except Exception as e:
-        raise TrackingError(f"no run {run_id!r} in {uri} to log to; pass the id of a run there (mlflow ui --backend-store-uri {uri})") from e
+        raise TrackingError(
+            f"no run {run_id!r} in {uri} to log to; pass the id of a run there (mlflow ui --backend-store-uri {uri})"
+        ) from e
     _log_files(client, run_id, files)
 
 
@@ -219,5 +252,3 @@ class NoRun:
 
     def where(self) -> str:
         return "tracking disabled (tracking.enabled=false)"
-
-

@@ -73,8 +73,10 @@ def store_lock(uri: str) -> Iterator[None]:
     try:
         f = open_append(lock)  # created like open() makes files (the umask), never truncated
     except OSError as e:
-        raise TrackingError(f"cannot write beside the MLflow store {uri} ({e.strerror}: {e.filename}); pass a writable "
-                            "tracking.uri=sqlite:///<folder>/mlflow.db, or tracking.enabled=false") from None
+        raise TrackingError(
+            f"cannot write beside the MLflow store {uri} ({e.strerror}: {e.filename}); pass a writable "
+            "tracking.uri=sqlite:///<folder>/mlflow.db, or tracking.enabled=false"
+        ) from None
     with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -88,7 +90,9 @@ def _create_sqlite_store(path: Path) -> None:
     creates its tables (seconds) leaves no half-built store that every later run would fail to open. Linked, not
     renamed: a store another process created meanwhile (a client opened outside store_lock) is kept, never swapped
     under its open connection (SQLite then refuses that connection's writes: "attempt to write a readonly database")."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")  # unique: MLflow caches a store per URI
+    tmp = path.with_name(
+        f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    )  # unique: MLflow caches a store per URI
     try:
         mlflow_client(f"sqlite:///{tmp}").search_experiments(max_results=1)
         try:
@@ -110,9 +114,12 @@ def open_store(uri: str):
         client = mlflow_client(uri)
         client.search_experiments(max_results=1)
     except Exception as e:
-        raise TrackingError(f"cannot open the MLflow store {uri}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; pass a "
-                            "writable tracking.uri=sqlite:///<folder>/mlflow.db (a store half-built by an older version killed "
-                            "while creating it: move it aside), or tracking.enabled=false") from None
+        raise TrackingError(
+            f"cannot open the MLflow store {uri}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; pass "
+            f"a "
+            "writable tracking.uri=sqlite:///<folder>/mlflow.db (a store half-built by an older version killed "
+            "while creating it: move it aside), or tracking.enabled=false"
+        ) from None
     return client
 
 
@@ -127,8 +134,10 @@ def _check_artifacts_writable(location: str) -> None:
         with tempfile.NamedTemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise TrackingError(f"cannot write MLflow artifacts to {path} ({e.strerror}); pass a writable tracking.artifact_location=..., "
-                            "run from a writable folder, or tracking.enabled=false") from None
+        raise TrackingError(
+            f"cannot write MLflow artifacts to {path} ({e.strerror}); pass a writable tracking.artifact_location=..., "
+            "run from a writable folder, or tracking.enabled=false"
+        ) from None
 
 
 def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
@@ -137,7 +146,9 @@ def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
     if exp is None:
         loc = artifact_location or (Path("mlruns").resolve() / name.replace("/", "_")).as_uri()
         _check_artifacts_writable(loc)
-        return client.create_experiment(name, artifact_location=loc, tags={"mlflow.experimentKind": "custom_model_development"})
+        return client.create_experiment(
+            name, artifact_location=loc, tags={"mlflow.experimentKind": "custom_model_development"}
+        )
     _check_artifacts_writable(exp.artifact_location)
     if "mlflow.experimentKind" not in exp.tags:  # created by an older dflash-eval
         client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", "custom_model_development")
@@ -179,7 +190,9 @@ def reap(client, run_ids: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     exps = [e.experiment_id for e in client.search_experiments()]
     found = []
     if exps:
-        found = client.search_runs(exps, f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=5000)
+        found = client.search_runs(
+            exps, f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=5000
+        )
     for r in run_ids:
         try:
             found.append(client.get_run(r))
@@ -189,10 +202,16 @@ def reap(client, run_ids: Sequence[str] = ()) -> list[tuple[str, str, str]]:
     for r in found:
         t = r.data.tags
         forced = r.info.run_id in run_ids
-        if r.info.status != "RUNNING" or (not forced and PID_TAG in t and process_alive(int(t[PID_TAG]), t.get(PID_START_TAG))):
+        if r.info.status != "RUNNING" or (
+            not forced and PID_TAG in t and process_alive(int(t[PID_TAG]), t.get(PID_START_TAG))
+        ):
             continue
-        why = (f"ended by `python -m dflash.tracking reap --run` on {host} at {time.strftime('%Y-%m-%d %H:%M:%S')}" if forced else
-               f"process {t.get(PID_TAG)} on {host} is gone (killed hard?); found at {time.strftime('%Y-%m-%d %H:%M:%S')} by a later start")
+        why = (
+            f"ended by `python -m dflash.tracking reap --run` on {host} at {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            if forced
+            else f"process {t.get(PID_TAG)} on {host} is gone (killed hard?); found at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} by a later start"
+        )
         client.set_tag(r.info.run_id, KILLED_TAG, why)
         client.set_terminated(r.info.run_id, "KILLED")
         out.append((r.info.run_id, r.info.run_name, why))
@@ -212,10 +231,16 @@ def source_tags() -> dict[str, str]:
         here = Path(__file__).parent
         tags.setdefault(
             "mlflow.source.git.commit",
-            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here).stdout.strip(),
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here
+            ).stdout.strip(),
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True, cwd=here
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=here,
         ).stdout.strip()
         tags["mlflow.source.git.dirty"] = "true" if dirty else "false"
     except (OSError, subprocess.CalledProcessError):
@@ -245,7 +270,11 @@ def find_runs(uri: str, run: str, limit: int = 20) -> list[tuple[str, str]]:
     exps = [e.experiment_id for e in client.search_experiments()]
     if not exps:
         return []
-    found = client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'") if len(run) == 32 and run.isalnum() else []
+    found = (
+        client.search_runs(exps, filter_string=f"attributes.run_id = '{run}'")
+        if len(run) == 32 and run.isalnum()
+        else []
+    )
     if not found:
         found = client.search_runs(
             exps,
@@ -268,7 +297,9 @@ def load_per_prompt(uri: str, run_id: str) -> list[dict[str, Any]]:
         try:
             path = mlflow_client(uri).download_artifacts(run_id, PER_PROMPT, d)
         except Exception as e:
-            raise TrackingError(f"run {run_id} has no {PER_PROMPT}: is it an evaluation run that finished? ({e})") from e
+            raise TrackingError(
+                f"run {run_id} has no {PER_PROMPT}: is it an evaluation run that finished? ({e})"
+            ) from e
         table = json.loads(Path(path).read_text())
     return [dict(zip(table["columns"], row)) for row in table["data"]]
 
@@ -282,12 +313,18 @@ def metric_history(uri: str, run: str, keys: Sequence[str] | None = None) -> dic
         exps = [e.experiment_id for e in client.search_experiments()]
     except Exception as e:
         raise TrackingError(f"cannot read the MLflow store {uri}: {type(e).__name__}: {e}") from None
-    found = client.search_runs(exps, f"attributes.run_id = '{run}'") if exps and len(run) == 32 and run.isalnum() else []
+    found = (
+        client.search_runs(exps, f"attributes.run_id = '{run}'") if exps and len(run) == 32 and run.isalnum() else []
+    )
     if not found and exps:
-        found = client.search_runs(exps, f"attributes.run_name = '{run}'", order_by=["attributes.start_time DESC"], max_results=1)
+        found = client.search_runs(
+            exps, f"attributes.run_name = '{run}'", order_by=["attributes.start_time DESC"], max_results=1
+        )
     if not found:
-        raise TrackingError(f"no run with id or name {run!r} in {uri}: pass the trainer's run id or name (train_metrics.run) and its "
-                            "store (train_metrics.uri)")
+        raise TrackingError(
+            f"no run with id or name {run!r} in {uri}: pass the trainer's run id or name (train_metrics.run) and its "
+            "store (train_metrics.uri)"
+        )
     rid = found[0].info.run_id
     names = list(keys) if keys is not None else list(found[0].data.metrics)
     out = {}
@@ -302,9 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dflash.tracking reap [--uri URI] [--run RUN_ID ...]`: end runs left RUNNING by a hard kill."""
     ap = argparse.ArgumentParser(prog="python -m dflash.tracking", description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("reap", help="end KILLED this host's RUNNING runs whose process is gone (and --run ones, whatever their host)")
+    r = sub.add_parser(
+        "reap", help="end KILLED this host's RUNNING runs whose process is gone (and --run ones, whatever their host)"
+    )
     r.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
-    r.add_argument("--run", action="append", default=[], metavar="RUN_ID", help="also end this run KILLED (e.g. one left by another machine)")
+    r.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="RUN_ID",
+        help="also end this run KILLED (e.g. one left by another machine)",
+    )
     args = ap.parse_args(argv)
     try:
         with store_lock(args.uri):
@@ -316,5 +361,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"KILLED {name} ({run_id}): {why}")
     print(f"{len(done)} run(s) ended KILLED" if done else "no run left RUNNING by a process that is gone")
     return 0
-
-

@@ -1,4 +1,4 @@
-"""Reference DFlash trainer, with the three training bugs of DFLASH.md §4 as switches (off by default).
+"""Reference DFlash trainer, with the three training bugs of docs/family.md §4 as switches (off by default).
 
     python -m dflash.train [target=...] [device=...] [key=value ...]      (dflash/conf/train.yaml)
 

@@ -24,7 +24,11 @@ register()
 def _train(cfg: DictConfig, ctx: entry.JobContext) -> None:
     configure()
     out: dict[str, dict[str, Any]] = train(cfg)
-    print(json.dumps({k: {kk: vv for kk, vv in v.items() if not kk.startswith("acc_clean_")} for k, v in out.items()}, indent=1))
+    print(
+        json.dumps(
+            {k: {kk: vv for kk, vv in v.items() if not kk.startswith("acc_clean_")} for k, v in out.items()}, indent=1
+        )
+    )
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

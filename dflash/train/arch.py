@@ -44,21 +44,30 @@ def base_layer_ids(cfg: Any, num_target_layers: int, overrides: dict[str, Any] |
     return build_target_layer_ids(num_target_layers, int(d.num_taps))
 
 
-def drafter_config(cfg: Any, target: Any, layer_ids: list[int], overrides: dict[str, Any] | None = None) -> DrafterConfig:
-    """A drafter shaped like the target's layers, `drafter.*` sizes (a variant's `overrides` first), taps `layer_ids`."""
+def drafter_config(
+    cfg: Any, target: Any, layer_ids: list[int], overrides: dict[str, Any] | None = None
+) -> DrafterConfig:
+    """A drafter shaped like the target's layers, `drafter.*` sizes (a variant's `overrides` first), taps
+    `layer_ids`."""
     d = with_overrides(cfg.drafter, overrides or {})
     mask = d.mask_token_id if d.mask_token_id is not None else cfg.target.mask_token_id
     if mask is None:
-        raise ConfigError("drafter.mask_token_id (or target.mask_token_id) must be set: a token id the target's embedding has")
+        raise ConfigError(
+            "drafter.mask_token_id (or target.mask_token_id) must be set: a token id the target's embedding has"
+        )
     c = init_config(target, int(d.num_layers), len(layer_ids), int(mask), int(d.block_size), layer_ids)
     if d.intermediate_size:
         c.intermediate_size = int(d.intermediate_size)
     if getattr(d, "arch", "dflash") == "dflash2":
-        keys = {k: int(getattr(d, k)) for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}
+        keys = {
+            k: int(getattr(d, k)) for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+        }
         try:
             d2 = parse_dflash2(keys, c.hidden_size, c.block_size, int(target.vocab_size))
         except CheckpointError as e:
-            raise ConfigError(str(e).replace("config field dflash_config.", "drafter.").replace("dflash_config.", "drafter.")) from None
+            raise ConfigError(
+                str(e).replace("config field dflash_config.", "drafter.").replace("dflash_config.", "drafter.")
+            ) from None
         c = dataclasses.replace(c, arch="dflash2", dflash2=d2)
     return c
 

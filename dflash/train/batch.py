@@ -28,7 +28,13 @@ class Batch:
     block_valid: Tensor  # [S, N]
 
     def to(self, device: torch.device) -> "Batch":
-        return Batch(self.ids.to(device), self.seq_lens.to(device), self.prompt_lens, self.anchors.to(device), self.block_valid.to(device))
+        return Batch(
+            self.ids.to(device),
+            self.seq_lens.to(device),
+            self.prompt_lens,
+            self.anchors.to(device),
+            self.block_valid.to(device),
+        )
 
 
 class Batcher:

@@ -39,7 +39,9 @@ class RunState:
 def save_checkpoint(rs: RunState) -> Path:
     path = rs.run_dir / f"step_{rs.step}" / "checkpoint.pt"
     meta = {"tokens": rs.tokens, "time": rs.time}
-    save_training_checkpoint(path, rs.model, rs.opt, rs.step, {"variant": rs.variant.name, "bugs": vars(rs.variant.bugs), "train_meta": meta})
+    save_training_checkpoint(
+        path, rs.model, rs.opt, rs.step, {"variant": rs.variant.name, "bugs": vars(rs.variant.bugs), "train_meta": meta}
+    )
     return path
 
 
@@ -72,15 +74,21 @@ def warm_start(rs: RunState, init_from: str, init_variant: str | None = None) ->
     root = Path(init_from).expanduser() / name
     steps = [s for s in list_steps(root) if (root / f"step_{s}" / "config.json").is_file()]
     if not steps:
-        raise ConfigError(f"init_from={init_from}: no export of variant {name} ({root}/step_<N>/config.json); "
-                          "point init_from at an earlier run's export_dir (and init_variant at a variant it holds), "
-                          "or drop it to start from random weights")
+        raise ConfigError(
+            f"init_from={init_from}: no export of variant {name} ({root}/step_<N>/config.json); "
+            "point init_from at an earlier run's export_dir (and init_variant at a variant it holds), "
+            "or drop it to start from random weights"
+        )
     folder = root / f"step_{steps[-1]}"
     sd, _ = read_hf_folder(folder)
     try:
-        check_weights(rs.model.cfg, sd, f"init_from: {folder}")  # every tensor this variant needs, its shape, finite; none left over
+        check_weights(
+            rs.model.cfg, sd, f"init_from: {folder}"
+        )  # every tensor this variant needs, its shape, finite; none left over
     except CheckpointError as e:
-        raise ConfigError(f"{e}. Warm-start a variant from an export of its own shape: the drafter.* settings it was trained with") from None
+        raise ConfigError(
+            f"{e}. Warm-start a variant from an export of its own shape: the drafter.* settings it was trained with"
+        ) from None
     own = rs.model.state_dict()
     rs.model.load_state_dict({k: sd[k].to(own[k].dtype) for k in own})
     return folder

@@ -1,6 +1,6 @@
 """Training sequences: the target regenerates every response, cached as token ids.
 
-Responses are the target's own greedy continuations (DFLASH.md §4), so the label at anchor + k is
+Responses are the target's own greedy continuations (docs/family.md §4), so the label at anchor + k is
 the target's greedy token there. Sequences are cached as token ids in shards under
 `<cache_dir>/train_data/<key>/shard_<i>.pt`, each written to a temporary file and renamed; the key
 hashes the target identity and dtype (bf16 and fp32 greedy tokens differ), the prompts' token ids
@@ -48,7 +48,9 @@ def data_key(identity: str, prompt_ids: list[list[int]], max_new_tokens: int, te
     return h.hexdigest()[:24]
 
 
-def generate_shard(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int, path: Path) -> tuple[list[int], list[int], list[int]]:
+def generate_shard(
+    target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int, path: Path
+) -> tuple[list[int], list[int], list[int]]:
     """Greedy responses to rendered prompts, saved as one shard -> flat ids, lengths, prompt lengths."""
     from dflash.stages.references.collect import greedy_generate
 
@@ -59,9 +61,19 @@ def generate_shard(target: Any, prompts: list[list[int]], max_new_tokens: int, b
         flat += p + c
         lens.append(len(p) + len(c))
         plens.append(len(p))
-    _atomic_torch_save({"flat": torch.tensor(flat, dtype=torch.int32), "lens": torch.tensor(lens), "prompt_lens": torch.tensor(plens)}, path)
+    _atomic_torch_save(
+        {"flat": torch.tensor(flat, dtype=torch.int32), "lens": torch.tensor(lens), "prompt_lens": torch.tensor(plens)},
+        path,
+    )
     ntok, dt = sum(len(c) for c in comps), time.time() - t0
-    log.info("data: shard %s: %d prompts, %d new tokens in %.1fs (%.0f tok/s)", path.name, len(prompts), ntok, dt, ntok / max(dt, 1e-9))
+    log.info(
+        "data: shard %s: %d prompts, %d new tokens in %.1fs (%.0f tok/s)",
+        path.name,
+        len(prompts),
+        ntok,
+        dt,
+        ntok / max(dt, 1e-9),
+    )
     return flat, lens, plens
 
 
@@ -96,7 +108,9 @@ def build_sequences(
             log.info("data: generation deadline passed: %d of %d prompts regenerated", s0, len(rendered))
             break
         else:
-            flat, lens, plens = generate_shard(target, rendered[s0 : s0 + shard_size], max_new_tokens, batch_size, shard)
+            flat, lens, plens = generate_shard(
+                target, rendered[s0 : s0 + shard_size], max_new_tokens, batch_size, shard
+            )
         o = 0
         for j, (n, pl) in enumerate(zip(lens, plens)):
             if n - pl >= min_response_tokens:
@@ -105,9 +119,19 @@ def build_sequences(
     return seqs
 
 
-def build_chat_sequences(target: Any, prompts: list[Prompt], template: dict[str, Any], max_new_tokens: int, max_prompt_tokens: int,
-                         batch_size: int, cache_dir: str | Path, shard_size: int = 1024, min_response_tokens: int = 16,
-                         deadline: float | None = None, chat_prompt_tokens: int | None = None) -> list[TrainSeq]:
+def build_chat_sequences(
+    target: Any,
+    prompts: list[Prompt],
+    template: dict[str, Any],
+    max_new_tokens: int,
+    max_prompt_tokens: int,
+    batch_size: int,
+    cache_dir: str | Path,
+    shard_size: int = 1024,
+    min_response_tokens: int = 16,
+    deadline: float | None = None,
+    chat_prompt_tokens: int | None = None,
+) -> list[TrainSeq]:
     """Single prompts and multi-turn chats (turns in rounds, each after the target's own answers; a
     later turn's prompt may hold up to `chat_prompt_tokens`) -> every turn's sequence. Under a
     `deadline`, round 1 stops early enough to leave the later rounds their prompts' share of the time."""
@@ -122,15 +146,29 @@ def build_chat_sequences(target: Any, prompts: list[Prompt], template: dict[str,
         todo = [p for p in turns if turn_of(p) == k]
         if k > 1:
             got_all = {r: [a[j] for j in range(1, k)] for r, a in answers.items() if all(j in a for j in range(1, k))}
-            todo = [fill(p, got_all[p.id.rsplit("/turn_", 1)[0]]) for p in todo if p.id.rsplit("/turn_", 1)[0] in got_all]
+            todo = [
+                fill(p, got_all[p.id.rsplit("/turn_", 1)[0]]) for p in todo if p.id.rsplit("/turn_", 1)[0] in got_all
+            ]
         if not todo:
             break
         until = deadline - later * (deadline - time.time()) if deadline is not None and k == 1 else deadline
-        got = build_sequences(target, todo, template, max_new_tokens, max_prompt_tokens if k == 1 else (chat_prompt_tokens or max_prompt_tokens),
-                              batch_size, cache_dir, shard_size, 0, until)
+        got = build_sequences(
+            target,
+            todo,
+            template,
+            max_new_tokens,
+            max_prompt_tokens if k == 1 else (chat_prompt_tokens or max_prompt_tokens),
+            batch_size,
+            cache_dir,
+            shard_size,
+            0,
+            until,
+        )
         for s in got:
             root = s.pid.rsplit("/turn_", 1)[0] if "/turn_" in s.pid else s.pid
             if root in base and "/turn_" in s.pid:
-                answers.setdefault(root, {})[k] = target.tokenizer.decode(s.ids[s.prompt_len :], skip_special_tokens=True)
+                answers.setdefault(root, {})[k] = target.tokenizer.decode(
+                    s.ids[s.prompt_len :], skip_special_tokens=True
+                )
         seqs += [s for s in got if len(s.ids) - s.prompt_len >= min_response_tokens]
     return seqs

@@ -40,7 +40,11 @@ def noised(x: Tensor, std: float, gen: torch.Generator | None = None) -> Tensor:
     if std <= 0:
         return x
     rms = x.float().pow(2).mean(-1, keepdim=True).sqrt()  # [..., 1]
-    eps = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32) if gen is not None else torch.randn_like(x, dtype=torch.float32)
+    eps = (
+        torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
+        if gen is not None
+        else torch.randn_like(x, dtype=torch.float32)
+    )
     return (x.float() + std * rms * eps).to(x.dtype)
 
 
@@ -56,7 +60,9 @@ def final_tap_is_normed(target: Any) -> bool:
 
     ids = torch.tensor([[1, 2, 3, 4]], device=target.device)
     logits = forward(target, ids).logits  # the full forward: the only one the trainer runs
-    return bool(torch.allclose(target.lm_head(final_layer_states(target, ids)).float(), logits.float(), atol=1e-3, rtol=1e-3))
+    return bool(
+        torch.allclose(target.lm_head(final_layer_states(target, ids)).float(), logits.float(), atol=1e-3, rtol=1e-3)
+    )
 
 
 def greedy_labels_from_hidden(target: Any, last_hidden: Tensor, anchors: Tensor, B: int, normed: bool) -> Tensor:
@@ -70,7 +76,9 @@ def greedy_labels_from_hidden(target: Any, last_hidden: Tensor, anchors: Tensor,
     return torch.cat([torch.full_like(lab[..., :1], -1), lab], dim=-1)
 
 
-def bug1_labels(target: Any, final: Tensor, clean: Tensor, anchors: Tensor, std: float, gen: torch.Generator | None, normed: bool) -> Tensor:
+def bug1_labels(
+    target: Any, final: Tensor, clean: Tensor, anchors: Tensor, std: float, gen: torch.Generator | None, normed: bool
+) -> Tensor:
     """Bug 1: labels from the target's logits over its final state final [S, T, H] with the
     augmentation noise added (one draw over every position) -> [S, N, B] (slot 0: the anchor, from clean)."""
     B = clean.shape[-1]
@@ -82,7 +90,12 @@ def bug1_labels(target: Any, final: Tensor, clean: Tensor, anchors: Tensor, std:
 def response_last_hidden(target: Any, seqs: list[Any]) -> Tensor:
     """Final-layer states at every position whose next token is a response token of seqs
     (dflash.train.data.TrainSeq) -> [N, H]."""
-    return torch.cat([final_layer_states(target, torch.tensor([s.ids], device=target.device))[0, s.prompt_len - 1 : -1] for s in seqs])
+    return torch.cat(
+        [
+            final_layer_states(target, torch.tensor([s.ids], device=target.device))[0, s.prompt_len - 1 : -1]
+            for s in seqs
+        ]
+    )
 
 
 @dataclass
@@ -102,11 +115,15 @@ def label_flip_stats(
     learns another token than the target's; the confident positions are those it can get right."""
     logits = logits_from_last(target, last_hidden, normed).float()  # [N, V]
     clean, confident = logits.argmax(-1), logits.softmax(-1).amax(-1) > 0.5  # [N]
-    noisy = torch.stack([logits_from_last(target, noised(last_hidden, std, gen), normed).argmax(-1) for _ in range(draws)])  # [draws, N]
+    noisy = torch.stack(
+        [logits_from_last(target, noised(last_hidden, std, gen), normed).argmax(-1) for _ in range(draws)]
+    )  # [draws, N]
     majority = noisy.mode(0).values != clean  # [N]
     return LabelFlipStats(
         flip_rate=float((noisy != clean).float().mean()),
         majority_flip_rate=float(majority.float().mean()),
-        majority_flip_rate_confident=float(majority[confident].float().mean()) if bool(confident.any()) else float("nan"),
+        majority_flip_rate_confident=float(majority[confident].float().mean())
+        if bool(confident.any())
+        else float("nan"),
         confident_share=float(confident.float().mean()),
     )

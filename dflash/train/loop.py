@@ -33,7 +33,15 @@ from dflash.train.arch import base_layer_ids, drafter_config, init_drafter  # no
 from dflash.train.batch import Batcher, step_batch  # noqa: E402
 from dflash.train.checkpoints import RunState, export, save_checkpoint, try_resume, warm_start  # noqa: E402
 from dflash.train.labels import final_tap_is_normed  # noqa: E402
-from dflash.train.step import StepSettings, lr_at, make_optimizer, resolve_amp, resolve_backend, train_step, variant_inputs  # noqa: E402
+from dflash.train.step import (  # noqa: E402
+    StepSettings,
+    lr_at,
+    make_optimizer,
+    resolve_amp,
+    resolve_backend,
+    train_step,
+    variant_inputs,
+)  # noqa: E402
 from dflash.train.taps import needed_layers, target_states  # noqa: E402
 from dflash.train.train_metrics import Tracker, Window, summarise  # noqa: E402
 from dflash.train.variants import resolve_variants, variant_layer_ids  # noqa: E402
@@ -78,8 +86,10 @@ def load_sequences(cfg: Any, target: Any) -> list:
         else build_prompts(int(d.num_prompts), int(d.seed), float(d.arithmetic_fraction))
     )
     if not prompts:
-        raise ConfigError(f"data: no training prompt (data.prompt_offset={d.prompt_offset}, data.num_prompts={d.num_prompts}, "
-                          f"data.prompts_path={d.prompts_path}): lower the offset or point prompts_path at a longer file")
+        raise ConfigError(
+            f"data: no training prompt (data.prompt_offset={d.prompt_offset}, data.num_prompts={d.num_prompts}, "
+            f"data.prompts_path={d.prompts_path}): lower the offset or point prompts_path at a longer file"
+        )
     t0 = time.time()
     deadline = PROCESS_START + 60 * float(d.max_gen_minutes) if d.max_gen_minutes else None
     seqs = build_chat_sequences(
@@ -95,7 +105,12 @@ def load_sequences(cfg: Any, target: Any) -> list:
         deadline,
         d.chat_prompt_tokens,
     )
-    log.info("data: %d sequences, %d response tokens (%.1fs)", len(seqs), sum(len(s.ids) - s.prompt_len for s in seqs), time.time() - t0)
+    log.info(
+        "data: %d sequences, %d response tokens (%.1fs)",
+        len(seqs),
+        sum(len(s.ids) - s.prompt_len for s in seqs),
+        time.time() - t0,
+    )
     return seqs
 
 
@@ -152,8 +167,12 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
     if target is None:
         from dflash.models.target.model import load_target
 
-        target = load_target(cfg.target.kind, cfg.target.path, o.target_dtype, str(device), "sdpa", cfg.cache_dir, cfg.target.max_context)
-    runs = start_runs(cfg, target, device)  # before the data: a bad init_from or shape fails before minutes of generation
+        target = load_target(
+            cfg.target.kind, cfg.target.path, o.target_dtype, str(device), "sdpa", cfg.cache_dir, cfg.target.max_context
+        )
+    runs = start_runs(
+        cfg, target, device
+    )  # before the data: a bad init_from or shape fails before minutes of generation
     seqs = load_sequences(cfg, target) if seqs is None else seqs
     settings = StepSettings(
         resolve_backend(o.attention, device),
@@ -168,7 +187,11 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else target.eos_ids[0]
     batcher = Batcher(seqs, int(o.batch_size), int(o.max_seq_len), int(pad), int(cfg.seed))
     params = flatten(to_container(cfg) if not isinstance(cfg, dict) else cfg)
-    layers = needed_layers([rs.model.cfg.target_layer_ids for rs in runs], target.num_layers, any(rs.variant.bugs.noisy_labels for rs in runs))
+    layers = needed_layers(
+        [rs.model.cfg.target_layer_ids for rs in runs],
+        target.num_layers,
+        any(rs.variant.bugs.noisy_labels for rs in runs),
+    )
     live = [Live(rs, open_tracker(cfg, rs, params, len(batcher.seqs)), mark=(time.time(), rs.step)) for rs in runs]
     total, start = int(o.steps), min(rs.step for rs in runs)
     exports = set(cfg.export_steps or [])
@@ -194,7 +217,11 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
                     rs = lv.rs
                     if rs.step > step:
                         continue  # resumed further than the others
-                    noise_gen = torch.Generator(device=device).manual_seed(int(cfg.seed) * 104729 + step) if o.noise_std > 0 else None
+                    noise_gen = (
+                        torch.Generator(device=device).manual_seed(int(cfg.seed) * 104729 + step)
+                        if o.noise_std > 0
+                        else None
+                    )
                     sync(device)
                     t1 = time.time()
                     x = variant_inputs(target, states, batch, rs.model, rs.variant.bugs, settings, noise_gen)
@@ -211,7 +238,9 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
     return {lv.rs.variant.name: finish(lv) for lv in live}
 
 
-def after_step(lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm: float | None, exports: set[int]) -> None:
+def after_step(
+    lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm: float | None, exports: set[int]
+) -> None:
     """Log rows, metrics, checkpoints and exports of one variant after its step."""
     rs, w = lv.rs, lv.window
     if rs.step % int(cfg.log_every) == 0 or rs.step == total:
@@ -220,7 +249,9 @@ def after_step(lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm
     if rs.step % int(cfg.metrics_every) == 0 or rs.step == total:
         s = summarise(w, int(rs.model.cfg.block_size))
         s.update(loss_avg=w.loss / w.n, tokens_per_s=w.tokens_per_s, wall_time_s=rs.time, train_tokens=rs.tokens)
-        s["wall_s_per_step"] = (time.time() - lv.mark[0]) / max(rs.step - lv.mark[1], 1)  # all variants, data and logging included
+        s["wall_s_per_step"] = (time.time() - lv.mark[0]) / max(
+            rs.step - lv.mark[1], 1
+        )  # all variants, data and logging included
         lv.mark = (time.time(), rs.step)
         if rs.variant.bugs.noisy_labels:
             s["label_flip_rate"] = w.label_flip_rate
@@ -228,8 +259,19 @@ def after_step(lv: Live, cfg: Any, total: int, lr: float, loss: float, grad_norm
         lv.summary = {"step": rs.step, **s}
         specs = (("acc", ".3f"), ("acc_1", ".3f"), ("tf_expected_tau", ".2f"), ("tokens_per_s", ".0f"))
         f = {k: "-" if s.get(k) is None else f"{s[k]:{spec}}" for k, spec in specs}  # undefined: "-"
-        log.info("[%s] step %d/%d loss %.3f acc %s acc_1 %s tf_tau %s lr %.2e %s tok/s %.0f ms/step wall", rs.variant.name, rs.step, total,
-                 s["loss_avg"], f["acc"], f["acc_1"], f["tf_expected_tau"], lr, f["tokens_per_s"], s["wall_s_per_step"] * 1e3)
+        log.info(
+            "[%s] step %d/%d loss %.3f acc %s acc_1 %s tf_tau %s lr %.2e %s tok/s %.0f ms/step wall",
+            rs.variant.name,
+            rs.step,
+            total,
+            s["loss_avg"],
+            f["acc"],
+            f["acc_1"],
+            f["tf_expected_tau"],
+            lr,
+            f["tokens_per_s"],
+            s["wall_s_per_step"] * 1e3,
+        )
         lv.window = Window()
     if rs.step % int(cfg.save_every) == 0 or rs.step == total or rs.step in exports:
         save_checkpoint(rs)

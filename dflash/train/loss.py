@@ -1,4 +1,4 @@
-"""The DFlash training loss (DFLASH.md §4) and bug 3's diluted version; DFlash2's selector loss (§8).
+"""The DFlash training loss (docs/family.md §4) and bug 3's diluted version; DFlash2's selector loss (§8).
 
 Correct: cross-entropy of slot k >= 1 weighted by exp(-(k-1)/gamma) (gamma = 7 for B = 16),
 normalised by the sum of the weights over valid slots; the anchor slot, slots past the sequence end
@@ -40,7 +40,9 @@ def dflash_loss(logits: Tensor, labels: Tensor, slot_valid: Tensor, gamma: float
     return (ce * w).sum() / w.sum().clamp(min=1e-9)
 
 
-def selector_loss(drafter: nn.Module, logits: Tensor, h: Tensor, labels: Tensor, slot_valid: Tensor, gamma: float) -> Tensor:
+def selector_loss(
+    drafter: nn.Module, logits: Tensor, h: Tensor, labels: Tensor, slot_valid: Tensor, gamma: float
+) -> Tensor:
     """DFlash2's selector CE: logits [S, N, B, V] raw, h [S, N, B, H] the drafter's final states, labels and
     slot_valid [S, N, B] -> scalar, normalised as `dflash_loss` (add alpha times it)."""
     d2, sel = drafter.cfg.dflash2, drafter.candidate_selector
@@ -50,6 +52,8 @@ def selector_loss(drafter: nn.Module, logits: Tensor, h: Tensor, labels: Tensor,
     match = cand == tgt[..., None]
     proj = sel.hidden_projection(h[:, :, 1:].to(sel.hidden_projection.weight.dtype)).float()  # [S, N, B-1, r]
     score = vals + sel.transition(proj, labels[:, :, :-1].clamp(min=0), cand)
-    ce = F.cross_entropy(score.reshape(-1, score.shape[-1]), match.long().argmax(-1).reshape(-1), reduction="none").view_as(tgt)
+    ce = F.cross_entropy(
+        score.reshape(-1, score.shape[-1]), match.long().argmax(-1).reshape(-1), reduction="none"
+    ).view_as(tgt)
     w = position_weights(B, gamma, logits.device)[None, None] * slot_valid.float()  # [S, N, B]
     return (ce * w[:, :, 1:] * match.any(-1)).sum() / w.sum().clamp(min=1e-9)

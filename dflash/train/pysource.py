@@ -19,8 +19,32 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-HEADINGS = ("Args", "Arguments", "Parameters", "Returns", "Return", "Raises", "Example", "Note", "See also", "Attributes", "Yields")
-SKIP_DIRS = {"tests", "test", "testing", "_vendor", "vendored", "benchmarks", "examples", "__pycache__", "_distutils", "idlelib", "lib2to3"}
+HEADINGS = (
+    "Args",
+    "Arguments",
+    "Parameters",
+    "Returns",
+    "Return",
+    "Raises",
+    "Example",
+    "Note",
+    "See also",
+    "Attributes",
+    "Yields",
+)
+SKIP_DIRS = {
+    "tests",
+    "test",
+    "testing",
+    "_vendor",
+    "vendored",
+    "benchmarks",
+    "examples",
+    "__pycache__",
+    "_distutils",
+    "idlelib",
+    "lib2to3",
+}
 
 
 @dataclass(frozen=True)
@@ -70,8 +94,12 @@ def paragraphs_of(doc: str | None) -> tuple[str, ...]:
     out = []
     for para in plain(doc).strip().split("\n\n"):
         p = " ".join(line.strip() for line in para.splitlines())
-        if (160 <= len(p) <= 900 and not re.search(r">>>|::|----|====|\{|\}|`[^`]*`_|\(\w+(, optional)?\):", p) and p[0].isupper()
-                and not p.startswith(HEADINGS)):
+        if (
+            160 <= len(p) <= 900
+            and not re.search(r">>>|::|----|====|\{|\}|`[^`]*`_|\(\w+(, optional)?\):", p)
+            and p[0].isupper()
+            and not p.startswith(HEADINGS)
+        ):
             out.append(p)
     return tuple(out)
 
@@ -102,8 +130,15 @@ def _items_of_file(path: Path, module: str, per_file: int) -> list[SourceItem]:
         sig = "" if is_cls else f"({ast.unparse(node.args)})"  # type: ignore[attr-defined]
         if len(sig) > 90:
             sig = "(...)"
-        item = SourceItem(qual, qual.rsplit(".", 1)[-1], "class" if is_cls else "function", sig, summary_of(doc), paragraphs_of(doc),
-                          None if is_cls else _source(text, node))
+        item = SourceItem(
+            qual,
+            qual.rsplit(".", 1)[-1],
+            "class" if is_cls else "function",
+            sig,
+            summary_of(doc),
+            paragraphs_of(doc),
+            None if is_cls else _source(text, node),
+        )
         if item.summary or item.source or item.paragraphs:
             out.append(item)
 
@@ -120,7 +155,9 @@ def _items_of_file(path: Path, module: str, per_file: int) -> list[SourceItem]:
     return out[:per_file]
 
 
-def package_items(names: list[str], per_file: int = 12, per_package: int = 1500, max_file_bytes: int = 120_000) -> list[SourceItem]:
+def package_items(
+    names: list[str], per_file: int = 12, per_package: int = 1500, max_file_bytes: int = 120_000
+) -> list[SourceItem]:
     """Public functions, methods, classes and module docs of the named packages (those installed),
     in package order, then sorted path order; at most `per_file` per file, `per_package` per package;
     files over `max_file_bytes` skipped."""
@@ -133,10 +170,15 @@ def package_items(names: list[str], per_file: int = 12, per_package: int = 1500,
         got: list[SourceItem] = []
         for path in sorted(root.rglob("*.py")):
             rel = path.relative_to(root)
-            if any(part in SKIP_DIRS or part.startswith(("test_", "site-packages", "dist-packages")) for part in rel.parts):
+            if any(
+                part in SKIP_DIRS or part.startswith(("test_", "site-packages", "dist-packages")) for part in rel.parts
+            ):
                 continue
             mod = ".".join(p for p in (prefix, *rel.with_suffix("").parts) if p and p != "__init__")
-            if any(part.startswith("_") and part != "__init__" for part in rel.with_suffix("").parts) or path.stat().st_size > max_file_bytes:
+            if (
+                any(part.startswith("_") and part != "__init__" for part in rel.with_suffix("").parts)
+                or path.stat().st_size > max_file_bytes
+            ):
                 continue  # private modules, generated tables
             got += _items_of_file(path, mod or name, per_file)
             if len(got) >= per_package:

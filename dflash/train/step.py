@@ -56,7 +56,9 @@ class StepStats:
     hit_clean: Tensor  # [B-1] ... against the greedy tokens
     count: Tensor  # [B-1] valid slots
     prefix: Tensor  # [B-1] blocks whose slots 1..k are all right (own labels)
-    label_flip_rate: float | None  # bug 1: share of valid labels that are not the greedy token; None: not bug 1, or no valid label
+    label_flip_rate: (
+        float | None
+    )  # bug 1: share of valid labels that are not the greedy token; None: not bug 1, or no valid label
     tokens: int  # labelled slots
 
 
@@ -82,12 +84,22 @@ def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
 
 def make_optimizer(model: DFlashDrafter, o: Any, device: torch.device) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        model.parameters(), lr=float(o.lr), betas=(float(o.beta1), float(o.beta2)), weight_decay=float(o.weight_decay), fused=device.type == "cuda"
+        model.parameters(),
+        lr=float(o.lr),
+        betas=(float(o.beta1), float(o.beta2)),
+        weight_decay=float(o.weight_decay),
+        fused=device.type == "cuda",
     )
 
 
 def variant_inputs(
-    target: Any, states: TargetStates, batch: Batch, model: DFlashDrafter, bugs: BugsConfig, s: StepSettings, noise_gen: torch.Generator | None
+    target: Any,
+    states: TargetStates,
+    batch: Batch,
+    model: DFlashDrafter,
+    bugs: BugsConfig,
+    s: StepSettings,
+    noise_gen: torch.Generator | None,
 ) -> VariantInputs:
     """What one variant trains on this step (noise drawn from noise_gen: taps first, then bug 1's)."""
     B = model.cfg.block_size
@@ -103,7 +115,14 @@ def variant_inputs(
 
 
 def train_step(
-    model: DFlashDrafter, opt: torch.optim.Optimizer, target: Any, x: VariantInputs, anchors: Tensor, bugs: BugsConfig, s: StepSettings, lr: float
+    model: DFlashDrafter,
+    opt: torch.optim.Optimizer,
+    target: Any,
+    x: VariantInputs,
+    anchors: Tensor,
+    bugs: BugsConfig,
+    s: StepSettings,
+    lr: float,
 ) -> StepStats:
     """One optimizer step of one variant -> its counters."""
     for g in opt.param_groups:
@@ -113,12 +132,22 @@ def train_step(
         h = model(taps, emb, anchors, backend=s.backend, see_anchor=bugs.final_layer)  # [S, N, B, H]
         logits = target.lm_head(h.to(target.dtype) if s.amp is None else h)  # [S, N, B, V]
         d2 = model.cfg.dflash2
-        loss = dflash_loss(logits if d2 is None else transform(logits, d2), x.labels, x.slot_valid, s.gamma, dilution_bug=bugs.loss_dilution)
+        loss = dflash_loss(
+            logits if d2 is None else transform(logits, d2),
+            x.labels,
+            x.slot_valid,
+            s.gamma,
+            dilution_bug=bugs.loss_dilution,
+        )
         if d2 is not None and s.selector_alpha > 0:  # DFlash2: the selector's CE over the unary top-k beside it
             loss = loss + s.selector_alpha * selector_loss(model, logits, h, x.labels, x.slot_valid, s.gamma)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)) if s.grad_clip and s.grad_clip > 0 else None
+    gnorm = (
+        float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
+        if s.grad_clip and s.grad_clip > 0
+        else None
+    )
     opt.step()
     return step_stats(logits.detach(), x, float(loss.detach()), gnorm, bugs.noisy_labels)
 

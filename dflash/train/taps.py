@@ -43,7 +43,9 @@ def needed_layers(layer_sets: Iterable[list[int]], num_target_layers: int, final
 def target_states(target: Any, ids: Tensor, seq_lens: Tensor | None, layer_ids: list[int]) -> TargetStates:
     """ids [S, T] right-padded to seq_lens [S] (None: no padding) -> the tapped states of `layer_ids`
     at every position."""
-    attn = None if seq_lens is None else (torch.arange(ids.shape[1], device=ids.device)[None] < seq_lens[:, None]).long()  # [S, T]
+    attn = (
+        None if seq_lens is None else (torch.arange(ids.shape[1], device=ids.device)[None] < seq_lens[:, None]).long()
+    )  # [S, T]
     return TargetStates(list(layer_ids), tapped_forward(target, ids, list(layer_ids), attention_mask=attn))
 
 

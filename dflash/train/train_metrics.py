@@ -39,7 +39,12 @@ class Window:
     def add(self, m: StepStats, dt: float) -> None:
         self.hit_own, self.hit_clean = self.hit_own + m.hit_own, self.hit_clean + m.hit_clean
         self.count, self.prefix = self.count + m.count, self.prefix + m.prefix
-        self.loss, self.n, self.tokens, self.time = self.loss + m.loss, self.n + 1, self.tokens + m.tokens, self.time + dt
+        self.loss, self.n, self.tokens, self.time = (
+            self.loss + m.loss,
+            self.n + 1,
+            self.tokens + m.tokens,
+            self.time + dt,
+        )
         if m.label_flip_rate is not None:
             self.flip, self.flip_n = self.flip + m.label_flip_rate, self.flip_n + 1
 
@@ -58,7 +63,10 @@ def summarise(w: Window, B: int) -> dict[str, float | None]:
     assert isinstance(w.count, Tensor), "summarise needs a window with at least one step"
     cnt, own_hits, clean_hits = w.count.tolist(), w.hit_own.tolist(), w.hit_clean.tolist()
     own = [ratio(h, c) for h, c in zip(own_hits, cnt)]  # [B-1]
-    out: dict[str, float | None] = {"acc": ratio(sum(own_hits), sum(cnt)), "acc_clean": ratio(sum(clean_hits), sum(cnt))}
+    out: dict[str, float | None] = {
+        "acc": ratio(sum(own_hits), sum(cnt)),
+        "acc_clean": ratio(sum(clean_hits), sum(cnt)),
+    }
     for k in range(1, B):
         out[f"acc_{k}"] = own[k - 1]
         out[f"acc_clean_{k}"] = ratio(clean_hits[k - 1], cnt[k - 1])
@@ -71,7 +79,15 @@ def summarise(w: Window, B: int) -> dict[str, float | None]:
 class Tracker:
     """MLflow for one variant (optional), always mirrored to <run_dir>/metrics.jsonl."""
 
-    def __init__(self, tracking_cfg: Any, run_dir: Path, name: str, bugs: dict[str, bool], params: dict[str, Any], target_name: str):
+    def __init__(
+        self,
+        tracking_cfg: Any,
+        run_dir: Path,
+        name: str,
+        bugs: dict[str, bool],
+        params: dict[str, Any],
+        target_name: str,
+    ):
         self.file = open_append(run_dir / "metrics.jsonl")
         atomic_write_text(run_dir / "params.json", json.dumps(params, indent=1, default=str))
         self.run = None
@@ -83,7 +99,12 @@ class Tracker:
             run_id = rid_file.read_text().strip() if rid_file.is_file() else None  # resumed: keep logging to it
             tags = tracking.train_tags(name, bugs)
             self.run = tracking.Run(
-                t.uri, t.experiment or f"dflash-train/{target_name}", name, getattr(t, "artifact_location", None), tags=tags, resume_id=run_id
+                t.uri,
+                t.experiment or f"dflash-train/{target_name}",
+                name,
+                getattr(t, "artifact_location", None),
+                tags=tags,
+                resume_id=run_id,
             )
             if not run_id:
                 atomic_write_text(rid_file, self.run.run_id)
@@ -101,7 +122,12 @@ class Tracker:
             self.run.end()
 
 
-def import_metrics(run_dir: str | Path, uri: str = "sqlite:///mlflow.db", experiment: str | None = None, target_name: str = "smollm2_135m") -> str:
+def import_metrics(
+    run_dir: str | Path,
+    uri: str = "sqlite:///mlflow.db",
+    experiment: str | None = None,
+    target_name: str = "smollm2_135m",
+) -> str:
     """Log a run's metrics.jsonl (written where MLflow was off, e.g. on the GPU machine) to MLflow -> run id."""
     from dflash import tracking
 

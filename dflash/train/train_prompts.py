@@ -14,7 +14,8 @@ Prompts come from what the machine has installed (word lists and templates in co
 No training prompt may be an evaluation prompt: `overlaps` flags a pair that is equal, where one
 contains the other, or that shares any run of `NGRAM` words (lower-cased, punctuation dropped);
 `build_prompts` drops every candidate that overlaps a prompt of any evaluation set in
-`dflash/conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and tests/unit/test_train.py checks it.
+`dflash/conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and
+tests/unit/test_train.py checks it.
 
     python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
 
@@ -162,15 +163,34 @@ def stdlib_items(modules: list[str] = STDLIB_MODULES) -> list[dict[str, Any]]:
             except Exception:
                 continue
             for name, obj in sorted(vars(mod).items()):
-                if name.startswith("_") or getattr(obj, "__module__", None) not in (mod_name, mod.__name__, "_" + mod_name.split(".")[-1]):
+                if name.startswith("_") or getattr(obj, "__module__", None) not in (
+                    mod_name,
+                    mod.__name__,
+                    "_" + mod_name.split(".")[-1],
+                ):
                     continue
                 if inspect.isclass(obj):
-                    items[f"{mod_name}.{name}"] = {"qual": f"{mod_name}.{name}", "name": name, "obj": obj, "kind": "class"}
+                    items[f"{mod_name}.{name}"] = {
+                        "qual": f"{mod_name}.{name}",
+                        "name": name,
+                        "obj": obj,
+                        "kind": "class",
+                    }
                     for mname, m in sorted(vars(obj).items()):
                         if not mname.startswith("_") and (inspect.isfunction(m) or inspect.ismethoddescriptor(m)):
-                            items[f"{mod_name}.{name}.{mname}"] = {"qual": f"{mod_name}.{name}.{mname}", "name": mname, "obj": m, "kind": "function"}
+                            items[f"{mod_name}.{name}.{mname}"] = {
+                                "qual": f"{mod_name}.{name}.{mname}",
+                                "name": mname,
+                                "obj": m,
+                                "kind": "function",
+                            }
                 elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
-                    items[f"{mod_name}.{name}"] = {"qual": f"{mod_name}.{name}", "name": name, "obj": obj, "kind": "function"}
+                    items[f"{mod_name}.{name}"] = {
+                        "qual": f"{mod_name}.{name}",
+                        "name": name,
+                        "obj": obj,
+                        "kind": "function",
+                    }
     return [items[k] for k in sorted(items)]
 
 
@@ -217,8 +237,12 @@ def package_prompts(items: list[SourceItem], rng: random.Random) -> tuple[list[s
         if it.summary and it.kind == "class":
             code.append(rng.choice(PKG_CLASS_TEMPLATES).format(qual=it.qual, name=it.name, summary=it.summary, pkg=pkg))
         elif it.summary and it.kind == "function":
-            code.append(rng.choice(PKG_CODE_TEMPLATES).format(qual=it.qual, name=it.name, sig=it.sig, summary=it.summary, pkg=pkg)
-                        + rng.choice(TASK_SUFFIXES))
+            code.append(
+                rng.choice(PKG_CODE_TEMPLATES).format(
+                    qual=it.qual, name=it.name, sig=it.sig, summary=it.summary, pkg=pkg
+                )
+                + rng.choice(TASK_SUFFIXES)
+            )
         if it.source:
             code.append(rng.choice(PKG_SOURCE_TEMPLATES).format(src=it.source, pkg=pkg))
         for para in it.paragraphs[:2]:
@@ -231,15 +255,30 @@ def arithmetic_prompts(n: int, rng: random.Random) -> list[str]:
     for _ in range(n):
         a, b = rng.sample(NAMES, 2)
         t = rng.choice(ARITH_TEMPLATES)
-        out.append(t.format(
-            a=a, b=b, item=rng.choice(ITEMS), place=rng.choice(PLACES),
-            x=rng.randint(3, 480), y=rng.randint(2, 60), z=rng.randint(2, 12), p=rng.choice([5, 10, 15, 20, 25, 30, 40, 60, 75]),
-        ))
+        out.append(
+            t.format(
+                a=a,
+                b=b,
+                item=rng.choice(ITEMS),
+                place=rng.choice(PLACES),
+                x=rng.randint(3, 480),
+                y=rng.randint(2, 60),
+                z=rng.randint(2, 12),
+                p=rng.choice([5, 10, 15, 20, 25, 30, 40, 60, 75]),
+            )
+        )
     return out
 
 
-def build_prompts(num_prompts: int, seed: int = 0, arithmetic_fraction: float = 0.3, exclude: Iterable[Prompt] | None = None,
-                  packages: list[str] | None = None, multi_turn_fraction: float = 0.0, doc_fraction: float = 0.15) -> list[Prompt]:
+def build_prompts(
+    num_prompts: int,
+    seed: int = 0,
+    arithmetic_fraction: float = 0.3,
+    exclude: Iterable[Prompt] | None = None,
+    packages: list[str] | None = None,
+    multi_turn_fraction: float = 0.0,
+    doc_fraction: float = 0.15,
+) -> list[Prompt]:
     """Deterministic training prompts (for one machine's installed Python), none overlapping `exclude`
     (default: every evaluation set in dflash/conf/prompts/). `arithmetic_fraction` of them are math problems
     (half from the original arithmetic templates, half from mathgen when `packages` is given),
@@ -290,7 +329,6 @@ def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
         return {"id": p.id, "subset": p.subset, "messages": [{"role": r, "content": c} for r, c in p.messages]}
 
     atomic_write_text(Path(path), "".join(json.dumps(row(p)) + "\n" for p in prompts))
-
 
 
 def main() -> None:

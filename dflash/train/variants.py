@@ -1,4 +1,4 @@
-"""Variants: which of the three training bugs of DFLASH.md §4 a run has switched on.
+"""Variants: which of the three training bugs of docs/family.md §4 a run has switched on.
 
 Each bug reproduces its mechanism, and each acts in one place:
 - `noisy_labels` (bug 1): the augmentation noise is also added to the target's final hidden state
@@ -46,7 +46,10 @@ def parse_suffix(suffix: str, name: str) -> tuple[str, Any]:
         return "arch", "dflash2"
     m = re.fullmatch(r"([lti])([1-9][0-9]*)", suffix)
     if m is None:
-        raise ConfigError(f"variants: unknown suffix -{suffix} in {name!r}; use -dflash2, -l<layers>, -t<taps> or -i<intermediate size>")
+        raise ConfigError(
+            f"variants: unknown suffix -{suffix} in {name!r}; use -dflash2, -l<layers>, -t<taps> or -i<intermediate "
+            f"size>"
+        )
     return ARCH_SUFFIXES[m.group(1)], int(m.group(2))
 
 
@@ -56,8 +59,13 @@ def parse_variant(name: str) -> Variant:
     parts = [p for p in head.split("+") if p != "fixed"]
     bad = [p for p in parts if p not in VARIANT_NAMES]
     if bad:
-        raise ConfigError(f"variants: unknown variant {name!r}; use {', '.join(VARIANT_NAMES)} (joined by '+', shape suffixes after '-')")
-    return Variant(str(name), BugsConfig(**{p: True for p in parts}), dict(parse_suffix(s, str(name)) for s in suffixes))
+        raise ConfigError(
+            f"variants: unknown variant {name!r}; use {', '.join(VARIANT_NAMES)} (joined by '+', shape suffixes after "
+            f"'-')"
+        )
+    return Variant(
+        str(name), BugsConfig(**{p: True for p in parts}), dict(parse_suffix(s, str(name)) for s in suffixes)
+    )
 
 
 def resolve_variants(cfg: Any) -> list[Variant]:

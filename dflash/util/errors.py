@@ -60,7 +60,8 @@ class NumericsError(UserError):
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread like KeyboardInterrupt (a BaseException: `except Exception` lets it through)."""
+    """SIGTERM, raised in the main thread like KeyboardInterrupt (a BaseException: `except Exception` lets it
+    through)."""
 
 
 def _raise_terminated(signum, frame):

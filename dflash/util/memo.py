@@ -46,7 +46,9 @@ class Memo:
         self._items[key] = value
         if self.size_of:
             self.bytes += self.size_of(value)
-        while self._items and ((cap is not None and self.bytes > cap) or (self.keep is not None and len(self._items) > self.keep)):
+        while self._items and (
+            (cap is not None and self.bytes > cap) or (self.keep is not None and len(self._items) > self.keep)
+        ):
             self.pop(next(iter(self._items)))
 
     def clear(self) -> None:

@@ -25,7 +25,13 @@ def _kids(tmp: Path):
 
 def test_gsm8k_from_a_local_copy_in_the_fields_wording(tmp_path):
     rows = hub_copies.write(tmp_path / "data", "gsm8k", 12)
-    r = evaluate(tmp_path, "prompts=gsm8k", f"prompts.path={tmp_path}/data/gsm8k", "prompts.num_prompts=2", "prompts.max_new_tokens=24")
+    r = evaluate(
+        tmp_path,
+        "prompts=gsm8k",
+        f"prompts.path={tmp_path}/data/gsm8k",
+        "prompts.num_prompts=2",
+        "prompts.max_new_tokens=24",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "τ per subset: gsm8k " in r.stdout and "2 prompts" in r.stdout
     (run,) = runs(tmp_path)
@@ -37,7 +43,9 @@ def test_gsm8k_from_a_local_copy_in_the_fields_wording(tmp_path):
     per_prompt = json.loads(Path(c.download_artifacts(run.info.run_id, "per_prompt.json", str(tmp_path))).read_text())
     samples = json.loads(Path(c.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text())
     by_q = {rw["question"] + SUFFIX for rw in rows}
-    assert len(per_prompt) == 2 and all(s["prompt"] in by_q for s in samples)  # the user message exactly, nothing around it
+    assert len(per_prompt) == 2 and all(
+        s["prompt"] in by_q for s in samples
+    )  # the user message exactly, nothing around it
 
 
 def test_the_zlab_suite_is_one_sweep_with_tau_per_data_set(tmp_path):
@@ -49,7 +57,9 @@ def test_the_zlab_suite_is_one_sweep_with_tau_per_data_set(tmp_path):
     assert parent.info.status == "FINISHED" and sorted(k.data.params["prompts.source"] for k in kids) == sorted(names)
     assert all(k.info.status == "FINISHED" for k in kids)
     mt = next(k for k in kids if k.data.params["prompts.source"] == "mt_bench")
-    assert {"acceptance_length/mt_bench/turn_1", "acceptance_length/mt_bench/turn_2"} <= set(mt.data.metrics)  # both turns replayed
+    assert {"acceptance_length/mt_bench/turn_1", "acceptance_length/mt_bench/turn_2"} <= set(
+        mt.data.metrics
+    )  # both turns replayed
     note = parent.data.tags["mlflow.note.content"]
     assert "| run | prompts | τ ± SE | published τ |" in note
     for k in kids:  # one line per data set with its τ; SmolLM2 and this drafter: nothing published to set beside it
@@ -61,12 +71,22 @@ def test_the_zlab_suite_is_one_sweep_with_tau_per_data_set(tmp_path):
 
 def test_tau_at_t0_and_t1_in_one_sweep(tmp_path):
     hub_copies.write(tmp_path / "data", "gsm8k", 6)
-    r = evaluate(tmp_path, "-m", "references.temperature=0,1", "prompts=gsm8k", f"prompts.path={tmp_path}/data/gsm8k", "prompts.num_prompts=2",
-                 *SHORT)
+    r = evaluate(
+        tmp_path,
+        "-m",
+        "references.temperature=0,1",
+        "prompts=gsm8k",
+        f"prompts.path={tmp_path}/data/gsm8k",
+        "prompts.num_prompts=2",
+        *SHORT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "greedy" in r.stdout and "z-lab sampled (T=1, top_p=1, top_k=0, seed=0;" in r.stdout
     parent, kids = _kids(tmp_path)
-    assert parent.info.status == "FINISHED" and sorted(k.data.params["references.temperature"] for k in kids) == ["0.0", "1.0"]
+    assert parent.info.status == "FINISHED" and sorted(k.data.params["references.temperature"] for k in kids) == [
+        "0.0",
+        "1.0",
+    ]
     note = parent.data.tags["mlflow.note.content"]
     assert "| run | references.temperature | data set | τ ± SE | published τ |" in note
     for k in kids:
@@ -77,9 +97,11 @@ def test_tau_at_t0_and_t1_in_one_sweep(tmp_path):
 
 @pytest.fixture
 def dflash_server():
-    """The fake SGLang server of tests/unit/test_reference_server.py, reporting speculative counters (today's spelling)."""
+    """The fake SGLang server of tests/unit/test_reference_server.py, reporting speculative counters (today's
+    spelling)."""
     fake = Fake()
-    fake.model = f"org/model-{uuid.uuid4().hex[:8]}"  # a server never seen: evaluate() shares the project's .cache, references included
+    # a server never seen: evaluate() shares the project's .cache, references included
+    fake.model = f"org/model-{uuid.uuid4().hex[:8]}"
     fake.spec = lambda kind, ids, comp: SPELLINGS["sglang_correct_drafts"](ids, comp)
     srv = serve(fake)
     fake.url = f"http://127.0.0.1:{srv.server_port}"
@@ -90,8 +112,16 @@ def dflash_server():
 
 def test_served_and_offline_tau_side_by_side(tmp_path, dflash_server):
     hub_copies.write(tmp_path / "data", "gsm8k", 6)
-    r = evaluate(tmp_path, "prompts=gsm8k", f"prompts.path={tmp_path}/data/gsm8k", "prompts.num_prompts=3", "prompts.max_new_tokens=24",
-                 "references=sglang", f"references.url={dflash_server.url}", "references.backoff_s=0.01")
+    r = evaluate(
+        tmp_path,
+        "prompts=gsm8k",
+        f"prompts.path={tmp_path}/data/gsm8k",
+        "prompts.num_prompts=3",
+        "prompts.max_new_tokens=24",
+        "references=sglang",
+        f"references.url={dflash_server.url}",
+        "references.backoff_s=0.01",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = runs(tmp_path)
     m = run.data.metrics

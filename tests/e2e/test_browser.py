@@ -34,8 +34,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("DFLASH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 HOSTILE = "Repeat exactly: <script>document.title='pwned'</script> <img src=x onerror=\"document.title='pwned'\">"
 ML = "workflowType=machine_learning"  # MLflow 3 opens experiments in its GenAI mode otherwise
 
@@ -48,11 +56,26 @@ def _free_port() -> int:
 
 def _evaluate(tmp: Path) -> None:
     prompts = tmp / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "square", "subset": "plain", "prompt": "Write a Python function that squares a number."}) + "\n"
-                       + json.dumps({"id": "hostile", "subset": "hostile", "prompt": HOSTILE}) + "\n")
-    env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), "prompts=jsonl", f"prompts.path={prompts}", "prompts.max_new_tokens=24",
-           f"hydra.run.dir={tmp}/out"]
+    prompts.write_text(
+        json.dumps({"id": "square", "subset": "plain", "prompt": "Write a Python function that squares a number."})
+        + "\n"
+        + json.dumps({"id": "hostile", "subset": "hostile", "prompt": HOSTILE})
+        + "\n"
+    )
+    env = {
+        **os.environ,
+        "DFLASH_CACHE_DIR": str(ROOT / ".cache"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "evaluate.py"),
+        "prompts=jsonl",
+        f"prompts.path={prompts}",
+        "prompts.max_new_tokens=24",
+        f"hydra.run.dir={tmp}/out",
+    ]
     r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -63,9 +86,26 @@ def _served(tmp: Path, pw):
     a second sync_playwright() inside the first's loop is refused) -> (base url, browser context)."""
     port = _free_port()
     log = open(tmp / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp}/mlflow.db",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -77,8 +117,13 @@ def _served(tmp: Path, pw):
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"mlflow server did not come up: {(tmp / 'server.log').read_text()[-2000:]}")
                 time.sleep(1)
-        ctx = pw.chromium.launch_persistent_context(str(tmp / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,
-                                                    viewport={"width": 1440, "height": 900})
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp / "profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1440, "height": 900},
+        )
         # the assistant panel opens itself on a first visit and hides half the page
         ctx.add_init_script("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true')")
         ctx.set_default_timeout(60_000)
@@ -95,7 +140,9 @@ def pw():
     """One Playwright for the module's two served stores."""
     if not CHROMIUM:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     with sync_api.sync_playwright() as p:
         yield p
 
@@ -116,18 +163,35 @@ def ui(tmp_path_factory, pw):
 
 @pytest.fixture(scope="module")
 def training_ui(tmp_path_factory, pw):
-    """`drafter.step=all` on the shipped fixed run (its metrics.jsonl beside it) served -> (base url, experiment, parent, client, context)."""
+    """`drafter.step=all` on the shipped fixed run (its metrics.jsonl beside it) served -> (base url, experiment,
+    parent, client, context)."""
     from dflash import tracking
 
     tmp = tmp_path_factory.mktemp("training_ui")
-    env = {**os.environ, "DFLASH_CACHE_DIR": str(ROOT / ".cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), "drafter=fixed", "drafter.step=all", "prompts.num_prompts=2", "prompts.max_new_tokens=24",
-           f"hydra.run.dir={tmp}/out"]
+    env = {
+        **os.environ,
+        "DFLASH_CACHE_DIR": str(ROOT / ".cache"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "evaluate.py"),
+        "drafter=fixed",
+        "drafter.step=all",
+        "prompts.num_prompts=2",
+        "prompts.max_new_tokens=24",
+        f"hydra.run.dir={tmp}/out",
+    ]
     r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     client = tracking.mlflow_client(f"sqlite:///{tmp}/mlflow.db")
     (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
-    (parent,) = [x for x in client.search_runs([exp.experiment_id]) if x.data.tags.get(tracking.ROLE_TAG) == tracking.TRAINING_RUN]
+    (parent,) = [
+        x
+        for x in client.search_runs([exp.experiment_id])
+        if x.data.tags.get(tracking.ROLE_TAG) == tracking.TRAINING_RUN
+    ]
     with _served(tmp, pw) as (base, ctx):
         yield base, exp, parent, client, ctx
 
@@ -172,7 +236,9 @@ def test_runs_table_shows_tau(ui):
     page.wait_for_timeout(2000)
     headers = page.locator("[role=columnheader]").all_inner_texts()
     assert "acceptance_length" in headers, headers
-    cells = page.locator("[role=gridcell]").all_inner_texts()  # one run: its row (split by the grid into pinned and scrolled parts)
+    cells = page.locator(
+        "[role=gridcell]"
+    ).all_inner_texts()  # one run: its row (split by the grid into pinned and scrolled parts)
     values = [float(c) for c in cells if c.replace(".", "", 1).isdigit()]
     assert any(abs(v - run.data.metrics["acceptance_length"]) < 1e-3 for v in values), cells
     page.close()
@@ -232,8 +298,13 @@ def test_samples_page_renders_its_colours_and_runs_no_prompt_script(ui):
     page = _open(ctx, f"{base}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}/artifacts/samples.html?{ML}")
     frame = page.frame_locator("iframe").first
     frame.locator("span.acc").first.wait_for()
-    colours = {cls: frame.locator(f".text span.{cls}").first.evaluate("e => getComputedStyle(e).backgroundColor") for cls in ("acc", "rej", "bonus")}
-    assert len(set(colours.values())) == 3 and "rgba(0, 0, 0, 0)" not in colours.values(), colours  # three colours, none transparent
+    colours = {
+        cls: frame.locator(f".text span.{cls}").first.evaluate("e => getComputedStyle(e).backgroundColor")
+        for cls in ("acc", "rej", "bonus")
+    }
+    assert len(set(colours.values())) == 3 and "rgba(0, 0, 0, 0)" not in colours.values(), (
+        colours
+    )  # three colours, none transparent
     assert frame.locator(".legend .acc:not(.sel)").is_visible() and frame.locator(".legend .bonus").is_visible()
     if frame.locator(".text span.sel").count():  # a DFlash2 drafter: its selector's choices are marked and explained
         assert frame.locator(".legend .acc.sel").is_visible()

@@ -25,8 +25,17 @@ pytestmark = pytest.mark.slow  # ~3 minutes of evaluate.py processes on 2 cores
 
 
 def _args(target: Path, tmp: Path) -> list[str]:
-    return ["target=local", "drafter=init", f"target.path={target}", "target.mask_token_id=3", "target.template.use_chat_template=false",
-            "prompts.num_prompts=2", "prompts.max_new_tokens=8", f"hydra.run.dir={tmp}/out", f"hydra.sweep.dir={tmp}/multi"]
+    return [
+        "target=local",
+        "drafter=init",
+        f"target.path={target}",
+        "target.mask_token_id=3",
+        "target.template.use_chat_template=false",
+        "prompts.num_prompts=2",
+        "prompts.max_new_tokens=8",
+        f"hydra.run.dir={tmp}/out",
+        f"hydra.sweep.dir={tmp}/multi",
+    ]
 
 
 def start(tmp: Path, target: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -40,8 +49,15 @@ def start(tmp: Path, target: Path, *args: str, env: dict[str, str] | None = None
     flags = [a for a in args if a == "-m"]  # Hydra's flags before the overrides
     cmd = [sys.executable, str(ROOT / "evaluate.py"), *flags, *_args(target, tmp), *[a for a in args if a != "-m"]]
     # SIGINT at its default (a shell running the tests in the background would leave it ignored)
-    return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        cmd,
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def evaluate(tmp: Path, target: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -63,7 +79,10 @@ def runs(tmp: Path):
 def family(tmp: Path):
     everything = runs(tmp)
     parents = [r for r in everything if r.data.tags.get("dflash.role") == "sweep"]
-    return parents, {p.info.run_id: [r for r in everything if r.data.tags.get("mlflow.parentRunId") == p.info.run_id] for p in parents}
+    return parents, {
+        p.info.run_id: [r for r in everything if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
+        for p in parents
+    }
 
 
 class _Hang(BaseHTTPRequestHandler):
@@ -98,7 +117,14 @@ def hanging_server():
 
 def stuck_in_generation(tmp: Path, target: Path, srv, *args: str) -> subprocess.Popen:
     """An evaluation waiting on the reference server: mid-generation, its run RUNNING."""
-    p = start(tmp, target, "references=sglang", f"references.url=http://127.0.0.1:{srv.server_port}", "references.use_cache=false", *args)
+    p = start(
+        tmp,
+        target,
+        "references=sglang",
+        f"references.url=http://127.0.0.1:{srv.server_port}",
+        "references.use_cache=false",
+        *args,
+    )
     if not srv.hit.wait(180):
         p.kill()
         pytest.fail(f"the evaluator never asked the server: {p.communicate()[1][-3000:]}")
@@ -124,7 +150,9 @@ def test_signal_in_a_sweep_ends_the_child_and_the_parent_killed(tmp_path, qwen3_
     _, err = p.communicate(timeout=120)
     assert p.returncode == 143 and "Traceback" not in err, err[-3000:]
     (parent,), kids = family(tmp_path)
-    assert parent.info.status == "KILLED" and [k.info.status for k in kids[parent.info.run_id]] == ["KILLED"]  # job 1 never started
+    assert parent.info.status == "KILLED" and [k.info.status for k in kids[parent.info.run_id]] == [
+        "KILLED"
+    ]  # job 1 never started
     assert all(r.info.status != "RUNNING" for r in runs(tmp_path))
 
 
@@ -141,10 +169,17 @@ def test_a_hard_kill_is_found_at_the_next_start(tmp_path, qwen3_dir, hanging_ser
     assert f"process {p.pid} on " in old.data.tags["dflash.killed"] and "is gone" in old.data.tags["dflash.killed"]
 
 
-@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"]], ids=["basic", "joblib"])
+@pytest.mark.parametrize(
+    "launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"]], ids=["basic", "joblib"]
+)
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path, qwen3_dir, launcher):
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
-    good.write_text(json.dumps({"id": "a", "prompt": "t7 t8 t9"}) + "\n" + json.dumps({"id": "b", "subset": "other", "prompt": "t10 t11"}) + "\n")
+    good.write_text(
+        json.dumps({"id": "a", "prompt": "t7 t8 t9"})
+        + "\n"
+        + json.dumps({"id": "b", "subset": "other", "prompt": "t10 t11"})
+        + "\n"
+    )
     bad.write_text('{"prompt": oops}\n')
     r = evaluate(tmp_path, qwen3_dir, "-m", "prompts=jsonl", f"prompts.path={good},{bad},{good}", *launcher)
     assert r.returncode == 1, r.stderr[-3000:]
@@ -155,7 +190,9 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path, qwen3_dir, launcher):
     assert children[1].data.tags["error"].startswith("PromptError") and parent.info.status == "FAILED"
     assert parent.data.tags["dflash.failed_jobs"].startswith(f"job 1 (prompts.path={bad})")
     assert parent.info.run_name == f"sweep prompts.path={good},{bad},{good}"
-    assert parent.data.metrics["acceptance_length"] == children[0].data.metrics["acceptance_length"]  # the best child's τ
+    assert (
+        parent.data.metrics["acceptance_length"] == children[0].data.metrics["acceptance_length"]
+    )  # the best child's τ
     from mlflow.tracking import MlflowClient
 
     arts = {a.path for a in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").list_artifacts(parent.info.run_id, "sweep")}
@@ -187,15 +224,27 @@ def _hf_drafter_with(tmp: Path, target: Path, key: str, value) -> Path:
 
 
 USER_ERRORS = {
-    "unknown key": (["prompts.num_prompt=3"], "prompts.num_prompt is not a config key (did you mean prompts.num_prompts?)"),
-    "unknown key added with +": (["+prompts.num_prompt=3"], "prompts.num_prompt is not a config key (did you mean prompts.num_prompts?)"),
+    "unknown key": (
+        ["prompts.num_prompt=3"],
+        "prompts.num_prompt is not a config key (did you mean prompts.num_prompts?)",
+    ),
+    "unknown key added with +": (
+        ["+prompts.num_prompt=3"],
+        "prompts.num_prompt is not a config key (did you mean prompts.num_prompts?)",
+    ),
     "unknown key in a sweep": (["-m", "prompts.num_prompt=3,4"], "prompts.num_prompt is not a config key"),
     "unknown group": (["nosuch=x"], "nosuch is not a config key"),
     "unknown group option": (["attention=flash"], "Could not find 'attention/flash'"),
     "wrong value type": (["prompts.max_new_tokens=abc"], "could not be converted to Integer"),
     "unknown device": (["device.name=tpu"], "device.name='tpu' is not a device"),
-    "unwritable store": (["tracking.uri=sqlite:////proc/dflash-nope/mlflow.db"], "cannot write beside the MLflow store"),
-    "unwritable artifact folder": (["tracking.artifact_location=file:///proc/dflash-nope"], "cannot write MLflow artifacts to /proc/dflash-nope"),
+    "unwritable store": (
+        ["tracking.uri=sqlite:////proc/dflash-nope/mlflow.db"],
+        "cannot write beside the MLflow store",
+    ),
+    "unwritable artifact folder": (
+        ["tracking.artifact_location=file:///proc/dflash-nope"],
+        "cannot write MLflow artifacts to /proc/dflash-nope",
+    ),
     "max_new_tokens 0": (["prompts.max_new_tokens=0"], "prompts.max_new_tokens=0: use 2 or more"),
     "max_new_tokens negative": (["prompts.max_new_tokens=-5"], "prompts.max_new_tokens=-5: use 2 or more"),
     "max_new_tokens 1": (["prompts.max_new_tokens=1"], "prompts.max_new_tokens=1: use 2 or more"),
@@ -219,4 +268,8 @@ def test_user_errors_exit_2_without_a_traceback(tmp_path, qwen3_dir, case):
 
 def test_verbose_shows_the_traceback_of_a_user_error(tmp_path, qwen3_dir):
     r = evaluate(tmp_path, qwen3_dir, "prompts.num_prompt=3", env={"DFLASH_VERBOSE": "1"})
-    assert r.returncode == 2 and "Traceback" in r.stderr and "ConfigError: prompts.num_prompt is not a config key" in r.stderr
+    assert (
+        r.returncode == 2
+        and "Traceback" in r.stderr
+        and "ConfigError: prompts.num_prompt is not a config key" in r.stderr
+    )

@@ -31,13 +31,23 @@ CONFIG_REFUSALS = {  # name: (write_drafter kwargs, words the message must hold)
     "quantization_config": ({"top": {"quantization_config": {"quant_method": "fp8"}}}, "quantization_config="),
     "input_embedding_scale": ({"dflash": {"input_embedding_scale": 2.0}}, "input_embedding_scale=2.0"),
     "non-causal window inside the block": (
-        {"top": {"is_causal": False}, "qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3,
-                                                "use_sliding_window": True}}, "causal=false with sliding_window=3 < block_size",
+        {
+            "top": {"is_causal": False},
+            "qwen3": {
+                "layer_types": ["sliding_attention", "full_attention"],
+                "sliding_window": 3,
+                "use_sliding_window": True,
+            },
+        },
+        "causal=false with sliding_window=3 < block_size",
     ),
     "mlp_bias": ({"top": {"mlp_bias": True}}, "mlp_bias=True"),
     "hidden_act": ({"qwen3": {"hidden_act": "gelu"}}, "hidden_act='gelu'"),
     "partial_rotary_factor": ({"top": {"partial_rotary_factor": 0.5}}, "partial_rotary_factor=0.5"),
-    "rope type": ({"qwen3": {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}}, "proportional"),
+    "rope type": (
+        {"qwen3": {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}},
+        "proportional",
+    ),
     "window without use_sliding_window": (
         {"qwen3": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}},
         "use_sliding_window: true",
@@ -46,7 +56,10 @@ CONFIG_REFUSALS = {  # name: (write_drafter kwargs, words the message must hold)
     "model_type": ({"top": {"model_type": "llama"}}, "model_type='llama'"),
     "architectures": ({"top": {"architectures": ["Eagle3DraftModel"]}}, "Eagle3DraftModel"),
     "string for an int": ({"top": {"hidden_size": "64"}}, "hidden_size='64' should be an integer"),
-    "taps not a list": ({"dflash": {"target_layer_ids": "1,2,3"}}, "dflash_config.target_layer_ids='1,2,3' should be a non-empty list"),
+    "taps not a list": (
+        {"dflash": {"target_layer_ids": "1,2,3"}},
+        "dflash_config.target_layer_ids='1,2,3' should be a non-empty list",
+    ),
     "float block size": ({"dflash": {"block_size": 16.5}}, "dflash_config.block_size=16.5 should be an integer"),
     "bool for an int": ({"dflash": {"mask_token_id": True}}, "dflash_config.mask_token_id=True should be an integer"),
     "rope not a mapping": ({"top": {"rope_parameters": "yarn"}}, "rope_parameters='yarn' should be a mapping"),
@@ -64,9 +77,21 @@ def test_config_refusal_names_the_key(tmp_path, case):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"top": {"output_multiplier": 1.0, "final_logit_softcapping": None, "has_embed_tokens": False, "is_causal": False,
-              "rope_is_neox_style": True, "frobnicate": None, "extra_flag": False, "partial_rotary_factor": 1.0}},
-     {"dflash": {"conv_kernel_size": None, "input_embedding_scale": 1}}],
+    [
+        {
+            "top": {
+                "output_multiplier": 1.0,
+                "final_logit_softcapping": None,
+                "has_embed_tokens": False,
+                "is_causal": False,
+                "rope_is_neox_style": True,
+                "frobnicate": None,
+                "extra_flag": False,
+                "partial_rotary_factor": 1.0,
+            }
+        },
+        {"dflash": {"conv_kernel_size": None, "input_embedding_scale": 1}},
+    ],
 )
 def test_off_values_pass(tmp_path, kw):
     assert read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", **kw))).config.block_size == 4
@@ -81,7 +106,9 @@ def _tensors(tmp_path, change) -> str:
 
 
 def test_tensors_not_consumed_are_refused_and_listed(tmp_path):
-    msg = _tensors(tmp_path, lambda sd: sd.update({"verifier_norm.weight": torch.zeros(64), "mask_hidden": torch.zeros(64)}))
+    msg = _tensors(
+        tmp_path, lambda sd: sd.update({"verifier_norm.weight": torch.zeros(64), "mask_hidden": torch.zeros(64)})
+    )
     assert "not consumed" in msg and "'verifier_norm.weight'" in msg and "'mask_hidden'" in msg
 
 
@@ -97,7 +124,9 @@ def test_missing_tensors_are_refused_and_listed(tmp_path):
 
 def test_rotary_caches_are_ignored(tmp_path):
     sd = weights()
-    sd["layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)  # transformers' old persistent buffer: recomputed from the config
+    sd["layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(
+        8
+    )  # transformers' old persistent buffer: recomputed from the config
     assert read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", sd=sd))).config is not None
 
 
@@ -110,7 +139,9 @@ def test_non_finite_weights_name_the_tensor(tmp_path, bad):
 def test_folder_with_both_formats(tmp_path, qwen3_target, make_drafter):
     folder = write_drafter(tmp_path / "d")
     torch.save({"model": {}}, folder / "checkpoint.pt")
-    with pytest.raises(CheckpointError, match=r"both a torch pickle \(checkpoint.pt\) and safetensors \(model.safetensors\).*Keep one"):
+    with pytest.raises(
+        CheckpointError, match=r"both a torch pickle \(checkpoint.pt\) and safetensors \(model.safetensors\).*Keep one"
+    ):
         read_drafter("hf", "x", path=str(folder))
     run = tmp_path / "run" / "step_3"  # a training step folder, likewise
     save_hf_folder(make_drafter(qwen3_target), run)
@@ -168,32 +199,60 @@ def broken_target(tmp_path_factory, qwen3_dir) -> Path:
 
 def _evaluate(tmp: Path, target: Path, drafter: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp / "cache"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), "target=local", f"target.path={target}", "drafter=hf", f"drafter.path={drafter}",
-           "prompts.num_prompts=1", "prompts.max_new_tokens=8", "tracking.enabled=false", f"cache_dir={tmp / 'cache'}", f"hydra.run.dir={tmp}/out"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "evaluate.py"),
+        "target=local",
+        f"target.path={target}",
+        "drafter=hf",
+        f"drafter.path={drafter}",
+        "prompts.num_prompts=1",
+        "prompts.max_new_tokens=8",
+        "tracking.enabled=false",
+        f"cache_dir={tmp / 'cache'}",
+        f"hydra.run.dir={tmp}/out",
+    ]
     return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
 def test_refused_drafter_exits_2_before_the_target_weights_load(tmp_path, broken_target):
     refused = write_drafter(tmp_path / "refused", top={"projector_type": "mlp"})  # phase 1
-    other = write_drafter(tmp_path / "other", dflash={"mask_token": "<|MASK|>"}, drop=("dflash_config.mask_token_id",))  # phase 2
+    other = write_drafter(
+        tmp_path / "other", dflash={"mask_token": "<|MASK|>"}, drop=("dflash_config.mask_token_id",)
+    )  # phase 2
     good = write_drafter(tmp_path / "good")
     for drafter, words in ((refused, "projector_type='mlp'"), (other, "mask_token '<|MASK|>' is not a single token")):
         r = _evaluate(tmp_path, broken_target, drafter)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     # the control: with a drafter that passes, the same command reaches the broken weights and fails there
     r = _evaluate(tmp_path, broken_target, good)
-    assert r.returncode != 0 and "projector_type" not in r.stderr and "safetensors" in (r.stderr + r.stdout).lower(), r.stderr[-2000:]
+    assert r.returncode != 0 and "projector_type" not in r.stderr and "safetensors" in (r.stderr + r.stdout).lower(), (
+        r.stderr[-2000:]
+    )
 
 
-@pytest.mark.parametrize("rope", [{"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
-                                  {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 32,
-                                   "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+        {
+            "rope_type": "longrope",
+            "rope_theta": 1e4,
+            "original_max_position_embeddings": 32,
+            "short_factor": [1.0] * 8,
+            "long_factor": [2.0] * 8,
+        },
+    ],
+)
 def test_length_dependent_rope_past_its_limit(qwen3_target, tmp_path, rope):
     """dynamic / longrope past max_position_embeddings / original_max_position_embeddings (32 here):
     transformers' result depends on the loop's history there; refused, before the target loads when
     the lengths are known (fit_drafter's max_len), else at the forward."""
-    folder = write_drafter(tmp_path / "d", {"rope_parameters": rope, "max_position_embeddings": 32 if rope["rope_type"] == "dynamic" else 64})
+    folder = write_drafter(
+        tmp_path / "d",
+        {"rope_parameters": rope, "max_position_embeddings": 32 if rope["rope_type"] == "dynamic" else 64},
+    )
     src = read_drafter("hf", "x", path=str(folder))
     fit_drafter(src, qwen3_target, max_len=20)  # 20 + a block of 4 stays within 32
     with pytest.raises(CheckpointError, match=f"{rope['rope_type']} rope limit of 32 positions"):

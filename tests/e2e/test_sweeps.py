@@ -16,10 +16,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep(tmp: Path, target_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DFLASH_CACHE_DIR": str(tmp / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), "-m", "target=local", "drafter=init", f"target.path={target_dir}", "target.mask_token_id=3",
-           "target.template.use_chat_template=false", "prompts.num_prompts=2", "prompts.max_new_tokens=12", "drafter.seed=0,1,2",
-           f"hydra.sweep.dir={tmp}/multi", *args]
+    env = {
+        **os.environ,
+        "DFLASH_CACHE_DIR": str(tmp / "cache"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "evaluate.py"),
+        "-m",
+        "target=local",
+        "drafter=init",
+        f"target.path={target_dir}",
+        "target.mask_token_id=3",
+        "target.template.use_chat_template=false",
+        "prompts.num_prompts=2",
+        "prompts.max_new_tokens=12",
+        "drafter.seed=0,1,2",
+        f"hydra.sweep.dir={tmp}/multi",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -35,7 +52,11 @@ def family(tmp: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"], ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]]
+    "launcher",
+    [
+        ["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"],
+        ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"],
+    ],
 )
 def test_parallel_sweep_keeps_one_parent(tmp_path, qwen3_dir, launcher):
     r = sweep(tmp_path, qwen3_dir, *launcher)

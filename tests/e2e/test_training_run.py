@@ -1,4 +1,5 @@
-"""A training run evaluated step by step (dflash/evaluation/series.py) on the tiny target: `drafter.step=all`, follow=true
+"""A training run evaluated step by step (dflash/evaluation/series.py) on the tiny target: `drafter.step=all`,
+follow=true
 with step folders written while it runs, SIGTERM and a restart, the trainer's metrics under train/, the stall
 check, the step syntax, the completeness of a step folder."""
 
@@ -40,11 +41,27 @@ def write_step(run: Path, target, step: int, seed: int | None = None) -> Path:
 
 def overrides(tmp: Path, target_dir: Path, run: Path, *extra: str) -> list[str]:
     prompts = tmp / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": " ".join(f"t{40 + i + j}" for j in range(6))}) + "\n" for i in range(2)))
-    return ["target=local", f"target.path={target_dir}", f"target.mask_token_id={MASK}", "drafter=training", f"drafter.run_dir={run}",
-            "prompts=jsonl", f"prompts.path={prompts}", "prompts.max_new_tokens=6", f"cache_dir={tmp / 'cache'}",
-            f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"tracking.artifact_location={(tmp / 'mlruns').as_uri()}", "progress=false",
-            "num_samples=0", *extra]
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": " ".join(f"t{40 + i + j}" for j in range(6))}) + "\n" for i in range(2)
+        )
+    )
+    return [
+        "target=local",
+        f"target.path={target_dir}",
+        f"target.mask_token_id={MASK}",
+        "drafter=training",
+        f"drafter.run_dir={run}",
+        "prompts=jsonl",
+        f"prompts.path={prompts}",
+        "prompts.max_new_tokens=6",
+        f"cache_dir={tmp / 'cache'}",
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        f"tracking.artifact_location={(tmp / 'mlruns').as_uri()}",
+        "progress=false",
+        "num_samples=0",
+        *extra,
+    ]
 
 
 def family(tmp: Path):
@@ -61,14 +78,27 @@ def family(tmp: Path):
 def history(tmp: Path, run_id: str, key: str) -> list[tuple[int, float]]:
     from dflash import tracking
 
-    return sorted((m.step, m.value) for m in tracking.mlflow_client(f"sqlite:///{tmp}/mlflow.db").get_metric_history(run_id, key))
+    return sorted(
+        (m.step, m.value) for m in tracking.mlflow_client(f"sqlite:///{tmp}/mlflow.db").get_metric_history(run_id, key)
+    )
 
 
 # --- pure parts ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, steps", [(None, [30]), (20, [20]), ("all", [10, 20, 30]), ("all/2", [10, 30]), ([30, 10, 99], [10, 30]),
-                                          ("15..30", [20, 30]), ("..20", [10, 20]), ("20..", [20, 30])])
+@pytest.mark.parametrize(
+    "value, steps",
+    [
+        (None, [30]),
+        (20, [20]),
+        ("all", [10, 20, 30]),
+        ("all/2", [10, 30]),
+        ([30, 10, 99], [10, 30]),
+        ("15..30", [20, 30]),
+        ("..20", [10, 20]),
+        ("20..", [20, 30]),
+    ],
+)
 def test_step_selection(value, steps):
     assert StepSelection.parse(value).select([10, 20, 30]) == steps
 
@@ -114,7 +144,9 @@ def test_a_step_folder_is_complete_only_when_its_files_are_whole(tmp_path, qwen3
     assert incomplete(whole.parent) is None
     part = tmp_path / "step_20"
     part.mkdir()
-    (part / "checkpoint.pt").write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # a trainer writing in place, halfway
+    (part / "checkpoint.pt").write_bytes(
+        whole.read_bytes()[: whole.stat().st_size // 2]
+    )  # a trainer writing in place, halfway
     assert "not a whole torch (zip) file" in incomplete(part)
     (part / "checkpoint.pt.tmp-host-1-ab").write_bytes(b"x")
     assert "temporary file" in incomplete(part)
@@ -144,20 +176,30 @@ def test_settle_waits_for_unchanged_files(tmp_path, qwen3_target):
 # --- whole runs on the tiny target -------------------------------------------------------------------
 
 
-def test_step_all_is_one_parent_with_curves_at_the_training_steps_and_a_rerun_adds_only_what_is_new(tmp_path, qwen3_dir, qwen3_target):
+def test_step_all_is_one_parent_with_curves_at_the_training_steps_and_a_rerun_adds_only_what_is_new(
+    tmp_path, qwen3_dir, qwen3_target
+):
     from dflash.evaluation import series
 
     run = tmp_path / "run"
     for s in (10, 20):
         write_step(run, qwen3_target, s)
-    rows = [{"step": s, "acc": s / 100, "loss": 3 - s / 20, "lr": 1e-4} for s in (5, 10, 15, 20)]  # dflash.train's metrics.jsonl
+    rows = [
+        {"step": s, "acc": s / 100, "loss": 3 - s / 20, "lr": 1e-4} for s in (5, 10, 15, 20)
+    ]  # dflash.train's metrics.jsonl
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = compose(overrides(tmp_path, qwen3_dir, run, "drafter.step=all"))
     out = series.evaluate_training_run(cfg, "")
     (parent,), kids = family(tmp_path)
     assert sorted(int(k.data.tags["drafter_step"]) for k in kids) == [10, 20] and parent.info.status == "FINISHED"
-    for key in ("acceptance_length", "acceptance_length_macro", "acceptance_length/prompts", "expected_acceptance_length", "accuracy/slot_1",
-                "accuracy/slot_3"):
+    for key in (
+        "acceptance_length",
+        "acceptance_length_macro",
+        "acceptance_length/prompts",
+        "expected_acceptance_length",
+        "accuracy/slot_1",
+        "accuracy/slot_3",
+    ):
         assert [s for s, _ in history(tmp_path, parent.info.run_id, key)] == [10, 20], key
     tau = {int(k.data.tags["drafter_step"]): k.data.metrics["acceptance_length"] for k in kids}
     assert history(tmp_path, parent.info.run_id, "acceptance_length") == [(10, tau[10]), (20, tau[20])]
@@ -173,7 +215,12 @@ def test_step_all_is_one_parent_with_curves_at_the_training_steps_and_a_rerun_ad
     (parent2,), kids = family(tmp_path)
     assert parent2.info.run_id == parent.info.run_id and parent2.info.status == "FINISHED"
     assert sorted(int(k.data.tags["drafter_step"]) for k in kids) == [10, 20, 20, 30]
-    assert history(tmp_path, parent.info.run_id, "train/acc") == [(5, 0.05), (10, 0.1), (15, 0.15), (20, 0.2)]  # not logged twice
+    assert history(tmp_path, parent.info.run_id, "train/acc") == [
+        (5, 0.05),
+        (10, 0.1),
+        (15, 0.15),
+        (20, 0.2),
+    ]  # not logged twice
 
 
 def test_follow_evaluates_each_complete_step_once_and_a_partial_one_only_when_done(tmp_path, qwen3_dir, qwen3_target):
@@ -192,7 +239,9 @@ def test_follow_evaluates_each_complete_step_once_and_a_partial_one_only_when_do
         part = run / "step_20"
         part.mkdir(parents=True)
         whole = write_step(tmp_path / "staging", qwen3_target, 20)
-        (part / "checkpoint.pt").write_bytes(whole.read_bytes()[: whole.stat().st_size // 3])  # written in place: partial for a while
+        (part / "checkpoint.pt").write_bytes(
+            whole.read_bytes()[: whole.stat().st_size // 3]
+        )  # written in place: partial for a while
         write_step(run, qwen3_target, 30)
         while not {10, 30} <= finished_steps():  # the follower saw the partial step 20 beside complete ones
             time.sleep(0.2)
@@ -203,7 +252,11 @@ def test_follow_evaluates_each_complete_step_once_and_a_partial_one_only_when_do
 
     writer = threading.Thread(target=trainer)
     writer.start()
-    cfg = compose(overrides(tmp_path, qwen3_dir, run, "follow=true", "watch.poll_s=0.1", "watch.settle_s=0.3", "watch.last_step=40"))
+    cfg = compose(
+        overrides(
+            tmp_path, qwen3_dir, run, "follow=true", "watch.poll_s=0.1", "watch.settle_s=0.3", "watch.last_step=40"
+        )
+    )
     try:
         out = series.evaluate_training_run(cfg, "")
     finally:
@@ -231,7 +284,11 @@ def test_follow_starts_before_the_trainer_made_its_run_folder(tmp_path, qwen3_di
     finally:
         writer.join()
     (parent,), kids = family(tmp_path)
-    assert [k.data.tags["drafter_step"] for k in kids] == ["10"] and parent.info.status == "FINISHED" and "watch.last_step=10" in out.ended
+    assert (
+        [k.data.tags["drafter_step"] for k in kids] == ["10"]
+        and parent.info.status == "FINISHED"
+        and "watch.last_step=10" in out.ended
+    )
     with pytest.raises(CheckpointError, match="does not exist"):  # without follow the folder must be there
         check_inputs(compose(overrides(tmp_path, qwen3_dir, run.with_name("never"), "drafter.step=all")))
 
@@ -243,7 +300,9 @@ def _cli(tmp: Path, args: list[str]) -> subprocess.Popen:
 
 
 @pytest.mark.slow  # two evaluate.py processes
-def test_sigterm_while_following_then_a_restart_evaluates_no_step_twice_and_leaves_nothing_running(tmp_path, qwen3_dir, qwen3_target):
+def test_sigterm_while_following_then_a_restart_evaluates_no_step_twice_and_leaves_nothing_running(
+    tmp_path, qwen3_dir, qwen3_target
+):
     run = tmp_path / "run"
     for s in (10, 20):
         write_step(run, qwen3_target, s)
@@ -290,14 +349,18 @@ def _tensorboard(folder: Path) -> None:
 def _mlflow_run(tmp: Path) -> str:
     from dflash import tracking
 
-    with tracking.Run(f"sqlite:///{tmp}/trainer.db", "trainer", "specforge-run", artifact_location=(tmp / "trainer_mlruns").as_uri()) as r:
+    with tracking.Run(
+        f"sqlite:///{tmp}/trainer.db", "trainer", "specforge-run", artifact_location=(tmp / "trainer_mlruns").as_uri()
+    ) as r:
         for s in (5, 10, 15, 20):
             r.log_metrics({"train/acc_0": s / 100, "train/ploss_0": 3 - s / 20, "lr": 1e-4}, step=s)
     return r.run_id
 
 
 @pytest.mark.parametrize("source", ["tensorboard", "mlflow_id", "mlflow_name"])
-def test_train_metrics_from_tensorboard_and_mlflow_land_under_train_at_their_steps(tmp_path, qwen3_dir, qwen3_target, source):
+def test_train_metrics_from_tensorboard_and_mlflow_land_under_train_at_their_steps(
+    tmp_path, qwen3_dir, qwen3_target, source
+):
     from dflash.evaluation import series
 
     run = tmp_path / "run"
@@ -309,13 +372,20 @@ def test_train_metrics_from_tensorboard_and_mlflow_land_under_train_at_their_ste
         prefix = "logs/"  # a subfolder's events are named <subfolder>/<tag>, as TensorBoard names its runs
     else:
         rid = _mlflow_run(tmp_path)
-        extra = ["train_metrics.source=mlflow", f"train_metrics.uri=sqlite:///{tmp_path}/trainer.db",
-                 f"train_metrics.run={rid if source == 'mlflow_id' else 'specforge-run'}"]
+        extra = [
+            "train_metrics.source=mlflow",
+            f"train_metrics.uri=sqlite:///{tmp_path}/trainer.db",
+            f"train_metrics.run={rid if source == 'mlflow_id' else 'specforge-run'}",
+        ]
         prefix = ""
     out = series.evaluate_training_run(compose(overrides(tmp_path, qwen3_dir, run, "drafter.step=all", *extra)), "")
     (parent,), _ = family(tmp_path)
     acc = history(tmp_path, parent.info.run_id, f"train/{prefix}train/acc_0")
-    assert [s for s, _ in acc] == [5, 10, 15, 20] and [v for _, v in acc] == pytest.approx([0.05, 0.1, 0.15, 0.2])  # TensorBoard: float32
+    assert [s for s, _ in acc] == [5, 10, 15, 20] and [v for _, v in acc] == pytest.approx(
+        [0.05, 0.1, 0.15, 0.2]
+    )  # TensorBoard: float32
     assert [s for s, _ in history(tmp_path, parent.info.run_id, f"train/{prefix}train/ploss_0")] == [5, 10, 15, 20]
     assert not history(tmp_path, parent.info.run_id, f"train/{prefix}lr")
-    assert out.stall is not None and out.stall.accuracy == f"{prefix}train/acc_0"  # random drafters: τ flat, accuracy rising
+    assert (
+        out.stall is not None and out.stall.accuracy == f"{prefix}train/acc_0"
+    )  # random drafters: τ flat, accuracy rising

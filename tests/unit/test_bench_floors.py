@@ -1,4 +1,5 @@
-"""The scale bench's floors (dflash/bench/floors.py) on small sizes, and the steady rows' arithmetic (dflash/bench/steady.py).
+"""The scale bench's floors (dflash/bench/floors.py) on small sizes, and the steady rows' arithmetic
+(dflash/bench/steady.py).
 Rates are only checked positive: speed is reported, never asserted."""
 
 import pytest
@@ -65,18 +66,37 @@ def test_top_ops_is_a_table_of_the_ops_run():
 
 
 def test_steady_rows_and_ratios_come_from_the_measured_values():
-    r = dict(device="cuda", timings=dict(references=12.0, references_setup=2.0, features=9.0), reference_steps=100,
-             steady=dict(references=6.0, references_setup=1.0, generated=4, features=2.0, feature_tokens=1000),
-             floors=dict(gemm_shape=[1000, 64, 128], gemm_tflops=500.0, forward_flops=10**14, arithmetic_s=0.2, copy_gbps=3000.0,
-                         weight_bytes=6 * 10**9, weight_read_s=0.002, layers=5),
-             profiles={"feature pass": "Name  Self CUDA\naten::mm  1ms"})
+    r = dict(
+        device="cuda",
+        timings=dict(references=12.0, references_setup=2.0, features=9.0),
+        reference_steps=100,
+        steady=dict(references=6.0, references_setup=1.0, generated=4, features=2.0, feature_tokens=1000),
+        floors=dict(
+            gemm_shape=[1000, 64, 128],
+            gemm_tflops=500.0,
+            forward_flops=10**14,
+            arithmetic_s=0.2,
+            copy_gbps=3000.0,
+            weight_bytes=6 * 10**9,
+            weight_read_s=0.002,
+            layers=5,
+        ),
+        profiles={"feature pass": "Name  Self CUDA\naten::mm  1ms"},
+    )
     assert per_step(12.0, 2.0, 100) == pytest.approx(0.1)
     (name, sec, extra), setup = steady_rows(r, "references")
-    assert sec == 6.0 and setup[1] == 1.0 and "50.00 ms per step after set-up (100.00 ms at first use; 100 steps" in extra
-    assert steady_rows(r, "features") == [("features, steady (caches emptied, kernels warm; one sequence per pass)", 2.0, "500.0 tok/s")]
+    assert (
+        sec == 6.0 and setup[1] == 1.0 and "50.00 ms per step after set-up (100.00 ms at first use; 100 steps" in extra
+    )
+    assert steady_rows(r, "features") == [
+        ("features, steady (caches emptied, kernels warm; one sequence per pass)", 2.0, "500.0 tok/s")
+    ]
     r2 = {**r, "steady": {**r["steady"], "batch_tokens": None, "features_other": 0.5, "batch_tokens_other": 16384}}
-    assert steady_rows(r2, "features")[1] == ("features, steady, batched, features.batch_tokens=16384", 0.5,
-                                               "2000.0 tok/s = 0.25x the row above")
+    assert steady_rows(r2, "features")[1] == (
+        "features, steady, batched, features.batch_tokens=16384",
+        0.5,
+        "2000.0 tok/s = 0.25x the row above",
+    )
     text = "\n".join(against_floors(r))
     assert "features steady / arithmetic floor = 2.000 / 0.200 s = 10.0x" in text
     assert "references per step / weight-read floor = 50.00 / 2.00 ms = 25.0x" in text

@@ -1,4 +1,4 @@
-"""Drafter checkpoints (DFLASH.md §5): training pickles, HF folders, HF step folders, and every
+"""Drafter checkpoints (docs/family.md §5): training pickles, HF folders, HF step folders, and every
 error a user can meet, each a CheckpointError that says what to do."""
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ def test_training_pickle_round_trip(qwen3_target, drafter, probe, tmp_path):
     assert torch.equal(_out(got.model, probe), _out(drafter, probe))
 
 
-def test_a_file_loaded_drafter_skips_random_init_and_equals_the_old_build(qwen3_target, drafter, probe, tmp_path, monkeypatch):
+def test_a_file_loaded_drafter_skips_random_init_and_equals_the_old_build(
+    qwen3_target, drafter, probe, tmp_path, monkeypatch
+):
     """Built on the meta device and assigned: no init runs, and the module equals one built the old way
     (a randomly initialised module whose weights are then loaded), in float32 and in the target's bfloat16."""
     from dflash.models.drafter.checkpoint import build_drafter, fit_drafter, read_drafter
@@ -99,7 +101,9 @@ def test_a_file_loaded_drafter_skips_random_init_and_equals_the_old_build(qwen3_
     for fn in ("kaiming_uniform_", "uniform_", "normal_"):
         real = getattr(torch.nn.init, fn)
         # an init on the meta device allocates and draws nothing; one on a real tensor is thrown-away work
-        monkeypatch.setattr(torch.nn.init, fn, lambda t, *a, _r=real, _n=fn, **k: (t.is_meta or calls.append(_n)) or _r(t, *a, **k))
+        monkeypatch.setattr(
+            torch.nn.init, fn, lambda t, *a, _r=real, _n=fn, **k: (t.is_meta or calls.append(_n)) or _r(t, *a, **k)
+        )
     monkeypatch.setattr(DFlashDrafter, "init_weights", lambda *a, **k: calls.append("init_weights"))
     new = build_drafter(src).model
     assert calls == []  # no real tensor initialised
@@ -176,7 +180,9 @@ def test_extra_keys_in_a_state_dict_are_refused(qwen3_target, drafter, tmp_path)
     sd = dict(drafter.state_dict())
     sd["verifier_norm.weight"] = torch.zeros(64)  # a trainer's copy of a target tensor the drafter does not use
     run = tmp_path / "run"
-    _write_pickle(run, 1, drafter, sd=sd)  # (embed_tokens / lm_head are the drafter's own, as vLLM reads them: test_formats)
+    _write_pickle(
+        run, 1, drafter, sd=sd
+    )  # (embed_tokens / lm_head are the drafter's own, as vLLM reads them: test_formats)
     with pytest.raises(CheckpointError, match=r"not consumed .*\['verifier_norm.weight'\]"):
         load_drafter(qwen3_target, "training", "r", run_dir=str(run))
 
@@ -230,8 +236,16 @@ def test_hf_path_errors(qwen3_target, tmp_path):
 
 def _other_target_drafter(hidden=32):
     cfg = DrafterConfig(
-        hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        intermediate_size=64, num_target_layers=6, target_layer_ids=[1, 2, 3], mask_token_id=MASK_ID, block_size=B,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        num_target_layers=6,
+        target_layer_ids=[1, 2, 3],
+        mask_token_id=MASK_ID,
+        block_size=B,
     )
     return DFlashDrafter(cfg).init_weights(0)
 
@@ -379,7 +393,8 @@ def test_all_finite_sees_nan_and_both_infinities(dtype):
 
 
 def test_the_checkpoint_digest_is_computed_beside_the_load(tmp_path):
-    """sha256_later hashes in a thread; the digest equals hashlib's, and a file that cannot be read raises when asked for."""
+    """sha256_later hashes in a thread; the digest equals hashlib's, and a file that cannot be read raises when asked
+    for."""
     import hashlib
 
     from dflash.models.target.weights import sha256_later

@@ -100,7 +100,8 @@ def test_group_option_composes(group, option):
 
 
 @pytest.mark.parametrize(
-    "group, option", [("drafter", "training"), ("drafter", "hf"), ("prompts", "jsonl"), ("target", "local"), ("references", "openai")]
+    "group, option",
+    [("drafter", "training"), ("drafter", "hf"), ("prompts", "jsonl"), ("target", "local"), ("references", "openai")],
 )
 def test_required_values_are_never_silently_filled(group, option):
     """A `???` left unset either fails on resolve (schema field MISSING: target.path) or stays null
@@ -137,7 +138,10 @@ def test_env_interpolation_resolves(monkeypatch):
 
 def test_typed_overrides_are_converted():
     c = OmegaConf.to_container(
-        _compose("config", ["prompts.max_new_tokens=64", "drafter.target_layer_ids=[1,2]", "target.template.enable_thinking=true"]),
+        _compose(
+            "config",
+            ["prompts.max_new_tokens=64", "drafter.target_layer_ids=[1,2]", "target.template.enable_thinking=true"],
+        ),
         resolve=True,
     )
     assert c["prompts"]["max_new_tokens"] == 64
@@ -215,8 +219,9 @@ def test_shipped_drafters_exist_and_fit_the_budget():
         for s in steps:
             assert (s / "config.json").is_file() and (s / "model.safetensors").is_file(), s
         if d.get("step") is not None:
-            assert (ROOT / d.run_dir / f"step_{d.step}").is_dir() or f"{d.run_dir}/step_{d.step}" in extra, \
+            assert (ROOT / d.run_dir / f"step_{d.step}").is_dir() or f"{d.run_dir}/step_{d.step}" in extra, (
                 f"drafter={opt}: step {d.step} not shipped"
+            )
     ls = _git("ls-files", "-co", "--exclude-standard", "checkpoints")
     files = [ROOT / f for f in ls.stdout.split()] if ls.returncode == 0 else [p for p in root.rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
@@ -231,7 +236,9 @@ def test_extra_drafters_are_one_command_away():
     for path, rev in _extra().items():
         assert _git("check-ignore", "-q", f"{path}/model.safetensors").returncode == 0, f"{path}: not in .gitignore"
         if _git("cat-file", "-e", f"{rev}^{{commit}}").returncode != 0:
-            assert _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true", f"{path}: commit {rev} is not in the history"
+            assert _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true", (
+                f"{path}: commit {rev} is not in the history"
+            )
             pytest.skip(f"a shallow clone: commit {rev} ({path}) is not in it")
         for f in ("config.json", "model.safetensors"):
             assert _git("cat-file", "-e", f"{rev}:{path}/{f}").returncode == 0, f"{rev} holds no {path}/{f}"
@@ -240,7 +247,10 @@ def test_extra_drafters_are_one_command_away():
 # --- the strict schema and the exit policy's config checks ---------------------------------------
 
 
-@pytest.mark.parametrize("override, near", [("+prompts.num_prompt=3", "prompts.num_prompts"), ("+foo=1", None), ("+drafter.stpe=5", "drafter.step")])
+@pytest.mark.parametrize(
+    "override, near",
+    [("+prompts.num_prompt=3", "prompts.num_prompts"), ("+foo=1", None), ("+drafter.stpe=5", "drafter.step")],
+)
 def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
     """Hydra's `+` adds the key and OmegaConf.to_object carries it silently: the strict check refuses it."""
     from dflash.config.compose import to_object
@@ -248,7 +258,9 @@ def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
 
     cfg = _compose("config", [override])  # composes: Hydra alone accepts it
     key = override[1:].split("=")[0]
-    with pytest.raises(ConfigError, match=f"{key} is not a config key" + (rf" \(did you mean {near}\?\)" if near else "")):
+    with pytest.raises(
+        ConfigError, match=f"{key} is not a config key" + (rf" \(did you mean {near}\?\)" if near else "")
+    ):
         to_object(cfg)
 
 
@@ -260,7 +272,10 @@ def test_plus_cannot_add_a_key_the_schema_lacks(override, near):
         (["~drafter.sed"], None),
         (["drafter=init", "drafter.seed=1"], None),
         (["hydra.job.chdir=true", "hydra/launcher=joblib"], None),
-        (["-m", "suite=zlab", "prompts.data_dir=/data"], None),  # a group at _global_ (it sets the sweep), no key of the schema
+        (
+            ["-m", "suite=zlab", "prompts.data_dir=/data"],
+            None,
+        ),  # a group at _global_ (it sets the sweep), no key of the schema
         (["-m", "drafter.step=1,2", "+target.template.thinking=true"], "target.template.thinking"),
     ],
 )
@@ -275,14 +290,22 @@ def test_command_line_overrides_are_checked_before_hydra(args, bad):
             check_overrides(args)
 
 
-@pytest.mark.parametrize("override, message", [("prompts.max_new_tokens=1", "use 2 or more"), ("prompts.max_new_tokens=-3", "use 2 or more"),
-                                               ("device.name=tpu", "is not a device"), ("device.name=cuda:1", None),
-                                               ("replay.anchors=some", "replay.anchors='some': use auto"),
-                                               ("replay.tf_stride=0", r"replay.tf_stride=0: use 1"), ("replay.context_gb=0", "positive size"),
-                                               ("features.batch_tokens=0", r"features.batch_tokens=0: use a positive number"),
-                                               ("features.batch_tokens=sometimes", r"features.batch_tokens='sometimes': .* or auto"),
-                                               ("features.chunk_tokens=-3", r"features.chunk_tokens=-3: use a positive number"),
-                                               ("features.memory_gb=-1", r"features.memory_gb=-1.0: use a size in GB")])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("prompts.max_new_tokens=1", "use 2 or more"),
+        ("prompts.max_new_tokens=-3", "use 2 or more"),
+        ("device.name=tpu", "is not a device"),
+        ("device.name=cuda:1", None),
+        ("replay.anchors=some", "replay.anchors='some': use auto"),
+        ("replay.tf_stride=0", r"replay.tf_stride=0: use 1"),
+        ("replay.context_gb=0", "positive size"),
+        ("features.batch_tokens=0", r"features.batch_tokens=0: use a positive number"),
+        ("features.batch_tokens=sometimes", r"features.batch_tokens='sometimes': .* or auto"),
+        ("features.chunk_tokens=-3", r"features.chunk_tokens=-3: use a positive number"),
+        ("features.memory_gb=-1", r"features.memory_gb=-1.0: use a size in GB"),
+    ],
+)
 def test_values_the_schema_refuses(override, message):
     from dflash.config.compose import to_object
     from dflash.util.errors import ConfigError
@@ -316,7 +339,8 @@ def test_sweep_name_says_what_was_swept():
 
 
 def test_replay_anchors_auto_resolves_by_the_stride():
-    """auto (the default): every anchor drafted at tf_stride 1, where each is a teacher-forced anchor anyway, and on CUDA; only the
+    """auto (the default): every anchor drafted at tf_stride 1, where each is a teacher-forced anchor anyway, and on
+    CUDA; only the
     visited ones with a stride on a CPU; an explicit choice stays."""
     from dflash.config.compose import to_object
     from dflash.config.schema import ReplayConfig
@@ -325,7 +349,10 @@ def test_replay_anchors_auto_resolves_by_the_stride():
     assert cfg.replay.anchors == "auto" and cfg.replay.mode(cuda=False) == "all" and cfg.replay.mode(cuda=True) == "all"
     strided = to_object(_compose("config", ["replay.tf_stride=4"])).replay
     assert strided.mode(cuda=False) == "visited" and strided.mode(cuda=True) == "all"
-    assert ReplayConfig(anchors="visited").mode(cuda=True) == "visited" and ReplayConfig(anchors="all", tf_stride=4).mode(cuda=False) == "all"
+    assert (
+        ReplayConfig(anchors="visited").mode(cuda=True) == "visited"
+        and ReplayConfig(anchors="all", tf_stride=4).mode(cuda=False) == "all"
+    )
 
 
 def test_run_names_by_drafter_kind():

@@ -42,7 +42,8 @@ from dflash.stages.replay.loop import ReplayOptions, prepare, replay_group
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 B = 6  # the block size of test_replay_modes / test_dflash2_replay's reference builders
-WINDOW = 8  # the sliding layers' window: below every sequence's length (>= 29), >= B (the parser's rule for non-causal layers)
+# the sliding layers' window: below every sequence's length (>= 29), >= B (the parser's rule for non-causal layers)
+WINDOW = 8
 PROMPTS = [(4, 40), (9, 25), (6, 33)]  # (prompt length, reference length)
 
 
@@ -102,8 +103,11 @@ def cases(qwen3_target, make_drafter):
     sliding.load_state_dict(dflash2.state_dict())
     assert sliding.windows == [WINDOW, WINDOW] and sliding.causal == [False, False]
     out = {}
-    for kind, drafter, build in (("dflash", dflash, accepting_reference), ("dflash2", dflash2, mixed_reference),
-                                 ("dflash2_sliding", sliding, mixed_reference)):
+    for kind, drafter, build in (
+        ("dflash", dflash, accepting_reference),
+        ("dflash2", dflash2, mixed_reference),
+        ("dflash2_sliding", sliding, mixed_reference),
+    ):
         rng = random.Random(0)
         items = []
         for i, (P, n) in enumerate(PROMPTS):
@@ -128,8 +132,19 @@ def replay_on(device: str, target, drafter: DFlashDrafter, items, **opt):
 def exact(out) -> list:
     """Everything a replay gives that must be equal across devices: every counter (loop, unary walk, teacher-forced
     incl. unary top-1 and top-k recall) and every block (anchor, accepted, proposal, unary argmax)."""
-    return [(loop_counters(c), c.unary_steps, c.unary_committed, c.tf_correct, c.tf_total, c.tf_unary_correct, c.tf_topk_hit,
-             [(b.anchor_pos, b.accepted, b.proposal, b.unary) for b in blocks]) for c, blocks in out]
+    return [
+        (
+            loop_counters(c),
+            c.unary_steps,
+            c.unary_committed,
+            c.tf_correct,
+            c.tf_total,
+            c.tf_unary_correct,
+            c.tf_topk_hit,
+            [(b.anchor_pos, b.accepted, b.proposal, b.unary) for b in blocks],
+        )
+        for c, blocks in out
+    ]
 
 
 def scores(out) -> list[float]:
@@ -144,7 +159,9 @@ def on_cpu(targets, cases):
     def get(kind: str, anchors: str, stride: int):
         if (kind, anchors, stride) not in memo:
             drafter, items = cases[kind]
-            memo[kind, anchors, stride] = replay_on("cpu", targets("cpu"), drafter, items, anchors=anchors, tf_stride=stride, scores=True)
+            memo[kind, anchors, stride] = replay_on(
+                "cpu", targets("cpu"), drafter, items, anchors=anchors, tf_stride=stride, scores=True
+            )
         return memo[kind, anchors, stride]
 
     return get
@@ -163,7 +180,10 @@ def test_the_cases_exercise_the_walks(targets, on_cpu, cases):
     unwindowed = DFlashDrafter(drafter.cfg, sliding_window="ignore").eval()
     unwindowed.load_state_dict(drafter.state_dict())
     unwindowed.causal = [False, False]  # the same non-causal layers, full context
-    windowed, full = exact(on_cpu("dflash2_sliding", "all", 1)), exact(replay_on("cpu", targets("cpu"), unwindowed, items))
+    windowed, full = (
+        exact(on_cpu("dflash2_sliding", "all", 1)),
+        exact(replay_on("cpu", targets("cpu"), unwindowed, items)),
+    )
     assert [bs for *_, bs in windowed] != [bs for *_, bs in full], "the window should change the drafts"
 
 
@@ -188,7 +208,9 @@ def test_flex_equals_cpu_sdpa_on_sliding_non_causal_dflash2(targets, cases, on_c
     window < context: the CPU sdpa replay's counters and drafts (flex in IEEE fp32: `ieee_fp32`). The first 8 shapes
     run the compiled kernel, later ones flex's eager implementation (`fresh_dynamo`); both must agree."""
     drafter, items = cases["dflash2_sliding"]
-    got = replay_on("cuda", targets("cuda"), drafter, items, anchors=anchors, tf_stride=stride, scores=True, backend="flex")
+    got = replay_on(
+        "cuda", targets("cuda"), drafter, items, anchors=anchors, tf_stride=stride, scores=True, backend="flex"
+    )
     want = on_cpu("dflash2_sliding", anchors, stride)
     assert exact(got) == exact(want)
     assert scores(got) == pytest.approx(scores(want), rel=1e-4, abs=1e-4)
@@ -227,9 +249,13 @@ def test_greedy_generate_equals_the_cpu_dynamic_cache(targets, device):
     prompts = [[rng.randrange(3, 250) for _ in range(n)] for n in (3, 11, 6, 17, 9)]
     want = [greedy_generate(targets("cpu"), [p], 24, batch_size=1)[0] for p in prompts]
     engines: list[str] = []
-    got = greedy_generate(targets(device), prompts, 24, batch_size=2, compile=False, on_engine=lambda label, _s: engines.append(label))
+    got = greedy_generate(
+        targets(device), prompts, 24, batch_size=2, compile=False, on_engine=lambda label, _s: engines.append(label)
+    )
     sync(device)
-    assert engines == ["static cache, CUDA graphs, not compiled (references.compile=false)" if device == "cuda" else "dynamic cache"]
+    assert engines == [
+        "static cache, CUDA graphs, not compiled (references.compile=false)" if device == "cuda" else "dynamic cache"
+    ]
     assert got == want
     assert all(len(c) == 24 or c[-1] in targets("cpu").eos_ids for c in want)
 
@@ -264,9 +290,13 @@ def test_trainer_steps_under_autocast(train_seqs, tmp_path, monkeypatch, fresh_d
     target = tiny_target(device=device, head_dim=16)
     # selector_top_k = the whole vocabulary: every valid slot carries selector loss (with a small top-k a random
     # drafter rarely has the label among its candidates, and the selector's gradient may be zero by chance)
-    cfg = tiny_cfg(tmp_path, variants=["fixed", "fixed-dflash2"], device={"name": device},
-                   optim={"steps": 2, "amp": "bf16", "attention": "auto", "max_seq_len": 48},
-                   drafter={"selector_rank": 4, "selector_top_k": VOCAB, "conv_group_size": 8, "conv_kernel_size": 2})
+    cfg = tiny_cfg(
+        tmp_path,
+        variants=["fixed", "fixed-dflash2"],
+        device={"name": device},
+        optim={"steps": 2, "amp": "bf16", "attention": "auto", "max_seq_len": 48},
+        drafter={"selector_rank": 4, "selector_top_k": VOCAB, "conv_group_size": 8, "conv_kernel_size": 2},
+    )
     T.train(cfg, target=target, seqs=train_seqs)
     assert [arch for arch, *_ in seen] == ["dflash", "dflash2"] * 2
     for arch, s, loss, grads, *where in seen:
@@ -278,5 +308,9 @@ def test_trainer_steps_under_autocast(train_seqs, tmp_path, monkeypatch, fresh_d
     assert last["dflash"]["fc.weight"].abs().sum() > 0
     d2 = last["dflash2"]
     wanted = [n for n in d2 if "_conv." in n or n.startswith("candidate_selector.")]
-    assert len(wanted) == 4 + 3  # base_kernel, kernel_projection of attention_conv and mlp_conv (1 layer); 3 selector tensors
-    assert all(d2[n] is not None and d2[n].abs().sum() > 0 for n in wanted), [n for n in wanted if d2[n] is None or not d2[n].abs().sum()]
+    assert (
+        len(wanted) == 4 + 3
+    )  # base_kernel, kernel_projection of attention_conv and mlp_conv (1 layer); 3 selector tensors
+    assert all(d2[n] is not None and d2[n].abs().sum() > 0 for n in wanted), [
+        n for n in wanted if d2[n] is None or not d2[n].abs().sum()
+    ]

@@ -14,8 +14,10 @@ PROMPTS = [[5, 9, 11, 4], [7, 3], [12, 8, 6, 10, 9, 5, 4], [20, 21, 22], [40, 41
 
 
 def hf_greedy(target, prompt, n, eos):
-    out = target.model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = target.model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def cut_at_eos(tokens, eos):

@@ -44,11 +44,19 @@ def test_tiny_dflash2_online_is_lossless_and_equals_the_replay(qwen3_target, mak
     same_walk(qwen3_target, drafter, x, 40, anchors)
 
 
-def as_dflash2(base: DFlashDrafter, block_size: int, vocab: int, T: int, gs: int, seed: int, scale: float) -> DFlashDrafter:
+def as_dflash2(
+    base: DFlashDrafter, block_size: int, vocab: int, T: int, gs: int, seed: int, scale: float
+) -> DFlashDrafter:
     """`base`'s weights plus DFlash2 convolutions and selector drawn at `scale` (far from identity), at block_size."""
-    cfg = dataclasses.replace(base.cfg, block_size=block_size, arch="dflash2", dflash2=DFlash2Config(16, 8, T, gs, vocab_size=vocab))
+    cfg = dataclasses.replace(
+        base.cfg, block_size=block_size, arch="dflash2", dflash2=DFlash2Config(16, 8, T, gs, vocab_size=vocab)
+    )
     d = DFlashDrafter(cfg).eval()
-    d.load_state_dict(dflash2_weights(base.state_dict(), len(base.layers), cfg.hidden_size, vocab, T, gs, rank=16, seed=seed, scale=scale))
+    d.load_state_dict(
+        dflash2_weights(
+            base.state_dict(), len(base.layers), cfg.hidden_size, vocab, T, gs, rank=16, seed=seed, scale=scale
+        )
+    )
     return d.float()
 
 
@@ -64,7 +72,11 @@ def smollm2():
 def test_replay_equals_online_dflash2_loop_on_smollm2(smollm2, block_size, anchors):
     """A random drafter, and the shipped trained one when present (it accepts tokens: partial blocks), each with
     random convolutions (T = 3, groups of 64 channels) and a random selector (rank 16, top-8)."""
-    base = [load_drafter(smollm2, "init", "init", init={"num_layers": 1, "num_taps": 5, "seed": 3, "mask_token_id": 16}).model]
+    base = [
+        load_drafter(
+            smollm2, "init", "init", init={"num_layers": 1, "num_taps": 5, "seed": 3, "mask_token_id": 16}
+        ).model
+    ]
     base[0].init_weights(3, std=0.3)
     fixed = ROOT / "checkpoints" / "fixed"
     if fixed.is_dir():

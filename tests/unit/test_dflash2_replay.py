@@ -13,7 +13,15 @@ from test_dflash2 import make_dflash2
 
 from dflash.models.target.forward import tapped_forward
 from dflash.stages.metrics import Counters, count_step, position_curves, summarize, topk_recall, unary_accuracy
-from dflash.stages.replay.loop import ReplayOptions, ReplaySeq, draft_anchors, prepare, replay, replay_group, teacher_forced
+from dflash.stages.replay.loop import (
+    ReplayOptions,
+    ReplaySeq,
+    draft_anchors,
+    prepare,
+    replay,
+    replay_group,
+    teacher_forced,
+)
 
 B = 6
 
@@ -47,7 +55,9 @@ def case(qwen3_target, make_drafter):
 
 
 def run(target, drafter, items, **kw):
-    return replay_group(drafter, target, [prepare(drafter, target, x, r, taps) for x, r, taps in items], ReplayOptions(**kw))
+    return replay_group(
+        drafter, target, [prepare(drafter, target, x, r, taps) for x, r, taps in items], ReplayOptions(**kw)
+    )
 
 
 def tf(c: Counters):
@@ -59,17 +69,24 @@ def test_dflash2_visited_equals_all(qwen3_target, case, stride, chunk, scores):
     drafter, items = case
     exact = run(qwen3_target, drafter, items, anchors="all", tf_stride=stride, chunk=chunk, scores=scores)
     visited = run(qwen3_target, drafter, items, anchors="visited", tf_stride=stride, chunk=chunk, scores=scores)
-    assert sum(c.accepted for c, _ in exact) > len(items) and sum(c.unary_committed - c.unary_steps for c, _ in exact) > len(items)
+    assert sum(c.accepted for c, _ in exact) > len(items) and sum(
+        c.unary_committed - c.unary_steps for c, _ in exact
+    ) > len(items)
     differs = [b for _, bs in exact for b in bs if b.unary[: b.accepted + 1] != b.proposal[: b.accepted + 1]]
     assert differs, "the walk should differ from the unary argmax"
     for (ce, be), (cv, bv) in zip(exact, visited):
         assert ce.selector and cv.selector
-        assert loop_counters(cv) == loop_counters(ce) and (cv.unary_steps, cv.unary_committed) == (ce.unary_steps, ce.unary_committed)
+        assert loop_counters(cv) == loop_counters(ce) and (cv.unary_steps, cv.unary_committed) == (
+            ce.unary_steps,
+            ce.unary_committed,
+        )
         assert [(b.anchor_pos, b.accepted) for b in bv] == [(b.anchor_pos, b.accepted) for b in be]
         for b_v, b_e in zip(bv, be):  # the lazy head's walk and unary argmax: prefixes of the full ones
             assert b_v.proposal == b_e.proposal[: len(b_v.proposal)] and b_v.unary == b_e.unary[: len(b_v.unary)]
         assert tf(cv) == tf(ce)
-        assert all(w <= r and u <= r for w, u, r in zip(ce.tf_correct, ce.tf_unary_correct, ce.tf_topk_hit))  # top-k bounds both
+        assert all(
+            w <= r and u <= r for w, u, r in zip(ce.tf_correct, ce.tf_unary_correct, ce.tf_topk_hit)
+        )  # top-k bounds both
 
 
 def test_lockstep_group_equals_one_prompt_at_a_time(qwen3_target, case):
@@ -97,7 +114,9 @@ def test_prompts_packed_in_one_pass_equal_one_prompt_per_pass(qwen3_target, case
             assert loop_counters(c) == loop_counters(cs) and c.unary_committed == cs.unary_committed and tf(c) == tf(cs)
             assert [(x.anchor_pos, x.proposal, x.unary) for x in b] == [(x.anchor_pos, x.proposal, x.unary) for x in bs]
             if scores:
-                assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(cs.tf_conf, rel=1e-5)
+                assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(
+                    cs.tf_conf, rel=1e-5
+                )
 
 
 @pytest.mark.parametrize("mode", ["all", "visited"])
@@ -111,7 +130,7 @@ def test_a_prompt_with_no_anchor_walks_nothing_beside_others(qwen3_target, case,
     (c0, b0) = together[1]
     assert c0.steps == 0 and b0 == [] and sum(c0.tf_total) == 0
     for (ct, bt), it in zip((together[0], together[2]), (items[1], items[2])):
-        (ca, ba), = run(qwen3_target, drafter, [it], anchors=mode, tf_stride=2, scores=True)
+        ((ca, ba),) = run(qwen3_target, drafter, [it], anchors=mode, tf_stride=2, scores=True)
         assert loop_counters(ct) == loop_counters(ca) and ct.unary_committed == ca.unary_committed and tf(ct) == tf(ca)
         assert [(b.anchor_pos, b.proposal, b.unary) for b in bt] == [(b.anchor_pos, b.proposal, b.unary) for b in ba]
 
@@ -124,8 +143,14 @@ def test_identity_dflash2_replays_as_dflash(qwen3_target, make_drafter, case):
     for mode in ("all", "visited"):
         a, b = run(qwen3_target, dflash, items, anchors=mode), run(qwen3_target, two, items, anchors=mode)
         for (ca, ba), (cb, bb) in zip(a, b):
-            assert loop_counters(ca) == loop_counters(cb) and (ca.tf_correct, ca.tf_total) == (cb.tf_correct, cb.tf_total)
-            assert (cb.unary_steps, cb.unary_committed) == (cb.steps, cb.committed) and cb.tf_unary_correct == cb.tf_correct
+            assert loop_counters(ca) == loop_counters(cb) and (ca.tf_correct, ca.tf_total) == (
+                cb.tf_correct,
+                cb.tf_total,
+            )
+            assert (cb.unary_steps, cb.unary_committed) == (
+                cb.steps,
+                cb.committed,
+            ) and cb.tf_unary_correct == cb.tf_correct
             assert [x.proposal for x in ba] == [x.proposal for x in bb]
         m = summarize([("s", c) for c, _ in b])
         assert m["selector_gain"] == 0.0 and m["acceptance_length_unary"] == m["acceptance_length"]
@@ -138,8 +163,12 @@ def test_unary_tau_recall_and_gain_from_counters():
     g = lambda i: seq[i] if i < len(seq) else -1  # noqa: E731
     walk = [[g(p + 1), g(p + 2), 0] for p in range(P, 9)]  # slots 1-2 right, slot 3 wrong
     unary = [[g(p + 1), 0, 0] for p in range(P, 9)]  # slot 1 right only
-    topk = torch.tensor([[[u, w, g(p + 3) if k == 2 else 0] for k, (u, w) in enumerate(zip(un, wa))]
-                         for p, un, wa in zip(range(P, 9), unary, walk)])  # [A, 3, k=3]: every gold is in the top-k
+    topk = torch.tensor(
+        [
+            [[u, w, g(p + 3) if k == 2 else 0] for k, (u, w) in enumerate(zip(un, wa))]
+            for p, un, wa in zip(range(P, 9), unary, walk)
+        ]
+    )  # [A, 3, k=3]: every gold is in the top-k
     c, _ = replay(seq, P, walk, B4, selector=True)
     cu, _ = replay(seq, P, unary, B4)
     c.unary_steps, c.unary_committed = cu.steps, cu.committed
@@ -156,4 +185,6 @@ def test_unary_tau_recall_and_gain_from_counters():
     m = summarize([("s", c), ("s", other)])
     assert m["acceptance_length_unary"] == pytest.approx(11 / 6) and m["acceptance_length"] == pytest.approx(11 / 5)
     assert m["selector_gain"] == pytest.approx(11 / 5 - 11 / 6) and m["selector_gain_se"] is not None
-    assert m["expected_acceptance_length_topk"] == pytest.approx(4.0) and m["expected_acceptance_length_unary"] == pytest.approx(2.0)
+    assert m["expected_acceptance_length_topk"] == pytest.approx(4.0) and m[
+        "expected_acceptance_length_unary"
+    ] == pytest.approx(2.0)

@@ -26,7 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_samples_mark_the_selector_choice(byte_tok):  # noqa: F811
     c, blocks, rec = _run(byte_tok, "abcdefg", wrong={0: 3})
     bad = ids(byte_tok, "#")[0]
-    blocks[0].unary = [bad, blocks[0].proposal[1], blocks[0].proposal[2]]  # the walk overrode slot 1's unary top-1 ("#")
+    blocks[0].unary = [
+        bad,
+        blocks[0].proposal[1],
+        blocks[0].proposal[2],
+    ]  # the walk overrode slot 1's unary top-1 ("#")
     blocks[1].unary = list(blocks[1].proposal)
     from dflash.stages.prompts.sets import Prompt
 
@@ -35,7 +39,9 @@ def test_samples_mark_the_selector_choice(byte_tok):  # noqa: F811
     rec = sample_record(p, x, r, blocks, byte_tok)
     assert rec.blocks[0].reranked == [0] and rec.blocks[1].reranked == [] and rec.blocks[0].unary[0] == "#"
     page = samples_html([rec])
-    assert parse(page).spans[1] == ("acc sel", "b") and "the selector chose it over the unary top-1 &#x27;#&#x27;" in page
+    assert (
+        parse(page).spans[1] == ("acc sel", "b") and "the selector chose it over the unary top-1 &#x27;#&#x27;" in page
+    )
     assert "selector&#x27;s choice" in page
     assert "selector&#x27;s choice" not in samples_html([_run(byte_tok, "abcdefg")[2]])  # DFlash: no such legend
 
@@ -51,7 +57,9 @@ def test_mlflow_names_are_the_summary_and_curve_names():
     plain = Counters(block_size=4)
     count_step(plain, 1, 2)
     dflash = set(summarize([("s", plain)])) | {f"by_position/{k}" for k in position_curves(plain)}
-    assert not ({"acceptance_length_unary", "selector_gain", "by_position/topk_recall", "by_position/unary_accuracy"} & dflash)
+    assert not (
+        {"acceptance_length_unary", "selector_gain", "by_position/topk_recall", "by_position/unary_accuracy"} & dflash
+    )
 
 
 def test_per_prompt_rows_carry_the_unary_counters():
@@ -66,10 +74,17 @@ def test_per_prompt_rows_carry_the_unary_counters():
     c.tf_total, c.tf_correct, c.tf_unary_correct, c.tf_topk_hit = [2, 2, 2], [1, 1, 0], [1, 0, 0], [2, 1, 1]
     p = Prompt(id="p", subset="s", messages=(("user", "hi"),))
     row = per_prompt_row(PromptResult(p, [1, 2], [3, 4, 5], c, [])).to_dict()
-    assert (row["unary_steps"], row["unary_committed"], row["tf_unary_correct"], row["tf_topk_hit"]) == (2, 3, [1, 0, 0], [2, 1, 1])
+    assert (row["unary_steps"], row["unary_committed"], row["tf_unary_correct"], row["tf_topk_hit"]) == (
+        2,
+        3,
+        [1, 0, 0],
+        [2, 1, 1],
+    )
     plain = Counters(block_size=4)
     count_step(plain, 1, 2)
-    assert not {"unary_steps", "tf_topk_hit"} & set(per_prompt_row(PromptResult(p, [1, 2], [3, 4, 5], plain, [])).to_dict())
+    assert not {"unary_steps", "tf_topk_hit"} & set(
+        per_prompt_row(PromptResult(p, [1, 2], [3, 4, 5], plain, [])).to_dict()
+    )
 
 
 def test_a_training_run_curves_carry_the_unary_tau_gain_and_recall():
@@ -85,7 +100,10 @@ def test_a_training_run_curves_carry_the_unary_tau_gain_and_recall():
     assert [point[f"unary_accuracy/slot_{k}"] for k in (1, 2, 3)] == [0.5, 0.0, 0.0] and point["accuracy/slot_1"] == 0.5
     plain = Counters(block_size=4)
     count_step(plain, 1, 2)
-    assert not any("unary" in k or "recall" in k or "selector" in k for k in series_point(summarize([("s", plain)]), position_curves(plain)))
+    assert not any(
+        "unary" in k or "recall" in k or "selector" in k
+        for k in series_point(summarize([("s", plain)]), position_curves(plain))
+    )
 
 
 @pytest.mark.slow
@@ -99,17 +117,27 @@ def test_evaluate_a_dflash2_folder_end_to_end(smollm2, tmp_path):  # noqa: F811
     if not fixed.is_dir():
         pytest.skip("needs the shipped drafter checkpoints/fixed")
     base = load_drafter(smollm2, "training", "fixed", run_dir=str(fixed)).model.float()
-    save_hf_folder(as_dflash2(base, 16, smollm2.vocab_size, 3, 64, seed=1, scale=0.2), tmp_path / "d2", dtype=torch.float32)
+    save_hf_folder(
+        as_dflash2(base, 16, smollm2.vocab_size, 3, 64, seed=1, scale=0.2), tmp_path / "d2", dtype=torch.float32
+    )
     r = evaluate(tmp_path, *FAST, "drafter=hf", f"drafter.path={tmp_path / 'd2'}")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "unary τ (argmax, no selector)" in r.stdout and "selector gain" in r.stdout and "top-k recall" in r.stdout, r.stdout
+    assert "unary τ (argmax, no selector)" in r.stdout and "selector gain" in r.stdout and "top-k recall" in r.stdout, (
+        r.stdout
+    )
     (run,) = runs(tmp_path)
     m = run.data.metrics
-    assert {"acceptance_length", "acceptance_length_unary", "selector_gain", "expected_acceptance_length_topk"} <= set(m)
+    assert {"acceptance_length", "acceptance_length_unary", "selector_gain", "expected_acceptance_length_topk"} <= set(
+        m
+    )
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     for kind in ("unary_accuracy", "topk_recall"):
-        assert sorted(x.step for x in c.get_metric_history(run.info.run_id, f"by_position/{kind}")) == list(range(1, 16))
+        assert sorted(x.step for x in c.get_metric_history(run.info.run_id, f"by_position/{kind}")) == list(
+            range(1, 16)
+        )
     page = Path(c.download_artifacts(run.info.run_id, "samples.html", str(tmp_path))).read_text()
-    assert "DFlash2" in page and json.loads((tmp_path / "d2" / "config.json").read_text())["architectures"] == ["DFlash2DraftModel"]
+    assert "DFlash2" in page and json.loads((tmp_path / "d2" / "config.json").read_text())["architectures"] == [
+        "DFlash2DraftModel"
+    ]

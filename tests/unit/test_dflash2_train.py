@@ -29,7 +29,10 @@ def test_dflash2_trains_exports_and_evaluates(target, seqs, tmp_path):  # noqa: 
     folder = tmp_path / "ckpt" / "fixed" / "step_4"
     hf = json.loads((folder / "config.json").read_text())
     assert hf["architectures"] == ["DFlash2DraftModel"] and hf["dflash_config"]["selector_top_k"] == 4
-    for kind, where in (("hf", {"path": str(folder)}), ("training", {"run_dir": str(tmp_path / "runs" / "fixed"), "step": 4})):
+    for kind, where in (
+        ("hf", {"path": str(folder)}),
+        ("training", {"run_dir": str(tmp_path / "runs" / "fixed"), "step": 4}),
+    ):
         d = load_drafter(target, kind, "x", **where).model.float()
         assert d.cfg.arch == "dflash2" and d.cfg.dflash2.selector_rank == 4
         assert d.candidate_selector.successor_codebook.abs().sum() > 0, "the selector learned (it starts at zero)"
@@ -45,8 +48,11 @@ def test_dflash2_starts_as_dflash_and_its_selector_loss_reaches_the_successor_co
     cfg = tiny_cfg(tmp_path, drafter=DFLASH2)
     dcfg = drafter_config(cfg, target, [1, 2])
     model = init_drafter(dcfg, target, 0, torch.device("cpu"))
-    assert all(torch.equal(m.base_kernel[:, 0], torch.ones_like(m.base_kernel[:, 0])) and not m.kernel_projection.weight.any()
-               for m in model.modules() if isinstance(m, BlockConv))
+    assert all(
+        torch.equal(m.base_kernel[:, 0], torch.ones_like(m.base_kernel[:, 0])) and not m.kernel_projection.weight.any()
+        for m in model.modules()
+        if isinstance(m, BlockConv)
+    )
     assert not model.candidate_selector.successor_codebook.any()
     g = torch.Generator().manual_seed(0)
     S, N, B = 2, 3, 4
@@ -60,12 +66,18 @@ def test_dflash2_starts_as_dflash_and_its_selector_loss_reaches_the_successor_co
     assert loss > 0 and model.candidate_selector.successor_codebook.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("drafter, words", [
-    ({"arch": "dflash3"}, "drafter.arch='dflash3'"),
-    ({**DFLASH2, "conv_group_size": 12}, "drafter.conv_group_size=12 should be a positive divisor of hidden_size (32)"),
-    ({**DFLASH2, "conv_kernel_size": 5}, "drafter.conv_kernel_size=5 should be an integer in 1..block_size (4)"),
-    ({**DFLASH2, "selector_top_k": 500}, "drafter.selector_top_k=500 should be an integer in 1..96"),
-])
+@pytest.mark.parametrize(
+    "drafter, words",
+    [
+        ({"arch": "dflash3"}, "drafter.arch='dflash3'"),
+        (
+            {**DFLASH2, "conv_group_size": 12},
+            "drafter.conv_group_size=12 should be a positive divisor of hidden_size (32)",
+        ),
+        ({**DFLASH2, "conv_kernel_size": 5}, "drafter.conv_kernel_size=5 should be an integer in 1..block_size (4)"),
+        ({**DFLASH2, "selector_top_k": 500}, "drafter.selector_top_k=500 should be an integer in 1..96"),
+    ],
+)
 def test_bad_dflash2_train_config_names_the_field(target, tmp_path, drafter, words):  # noqa: F811
     cfg = tiny_cfg(tmp_path, drafter=drafter)
     with pytest.raises(ConfigError) as e:

@@ -1,4 +1,4 @@
-"""The DFlash drafter (DFLASH.md §1): tap defaults, the visibility rule through the real forward,
+"""The DFlash drafter (docs/family.md §1): tap defaults, the visibility rule through the real forward,
 attention backends agreeing, batched == per-anchor forwards (what the offline replay relies on),
 and the HF config format."""
 
@@ -16,15 +16,22 @@ from dflash.models.target.forward import tapped_forward
 B = 4  # block size of the tiny drafters
 
 
-# --- tap defaults: the public rule (DFLASH.md §1), by hand ----------------------------------------
+# --- tap defaults: the public rule (docs/family.md §1), by hand ----------------------------------------
 
 
 @pytest.mark.parametrize(
     "layers, n, expected",
     [
-        (30, 1, [15]), (30, 2, [1, 27]), (30, 3, [1, 14, 27]), (30, 4, [1, 10, 18, 27]), (30, 5, [1, 8, 14, 20, 27]),
-        (30, 6, [1, 6, 11, 17, 22, 27]), (30, 7, [1, 5, 10, 14, 18, 23, 27]), (30, 8, [1, 5, 8, 12, 16, 20, 23, 27]),
-        (64, 5, [1, 16, 31, 46, 61]), (36, 5, [1, 9, 17, 25, 33]),
+        (30, 1, [15]),
+        (30, 2, [1, 27]),
+        (30, 3, [1, 14, 27]),
+        (30, 4, [1, 10, 18, 27]),
+        (30, 5, [1, 8, 14, 20, 27]),
+        (30, 6, [1, 6, 11, 17, 22, 27]),
+        (30, 7, [1, 5, 10, 14, 18, 23, 27]),
+        (30, 8, [1, 5, 8, 12, 16, 20, 23, 27]),
+        (64, 5, [1, 16, 31, 46, 61]),
+        (36, 5, [1, 9, 17, 25, 33]),
     ],
 )
 def test_build_target_layer_ids_public_rule(layers, n, expected):
@@ -274,8 +281,16 @@ def test_batched_anchors_equal_single_anchor_forwards(qwen3_target, make_drafter
 
 def _cfg(**kw) -> DrafterConfig:
     base = dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, num_target_layers=6, target_layer_ids=[1, 2, 3], mask_token_id=MASK_ID, block_size=B,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        num_target_layers=6,
+        target_layer_ids=[1, 2, 3],
+        mask_token_id=MASK_ID,
+        block_size=B,
     )
     return DrafterConfig(**{**base, **kw})
 
@@ -283,7 +298,12 @@ def _cfg(**kw) -> DrafterConfig:
 def test_to_hf_from_hf_round_trip():
     cfg = _cfg(
         rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128},
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 128,
+        },
         attention_bias=True,
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=8,
@@ -299,7 +319,12 @@ def test_to_hf_from_hf_round_trip():
     from transformers import Qwen3Config  # transformers reads it as the same Qwen3 architecture
 
     hf = Qwen3Config.from_dict(d)
-    assert (hf.rope_parameters["rope_type"], hf.sliding_window, hf.attention_bias, hf.layer_types) == ("yarn", 8, True, d["layer_types"])
+    assert (hf.rope_parameters["rope_type"], hf.sliding_window, hf.attention_bias, hf.layer_types) == (
+        "yarn",
+        8,
+        True,
+        d["layer_types"],
+    )
 
 
 def test_from_hf_reads_a_public_style_config():
@@ -346,10 +371,14 @@ def test_from_hf_defaults_are_transformers_defaults():
 def test_from_hf_leaves_target_dependent_fields_to_the_fit(missing):
     d = _cfg().to_hf()
     del d["dflash_config"][missing]
-    assert getattr(DrafterConfig.from_hf(d), missing) is None  # resolved against the target (dflash.models.drafter.checkpoint.fit_drafter)
+    assert (
+        getattr(DrafterConfig.from_hf(d), missing) is None
+    )  # resolved against the target (dflash.models.drafter.checkpoint.fit_drafter)
     value = 7 if missing == "mask_token_id" else [0, 4]
     assert getattr(DrafterConfig.from_hf(d, overrides={missing: value}), missing) == value
-    assert getattr(DrafterConfig.from_hf(d, overrides={missing: None}), missing) is None  # a null override fills nothing
+    assert (
+        getattr(DrafterConfig.from_hf(d, overrides={missing: None}), missing) is None
+    )  # a null override fills nothing
 
 
 def test_from_hf_without_dflash_config():
@@ -369,7 +398,9 @@ def test_replay_scores_are_the_drafters_own_distribution(qwen3_target, make_draf
     seq = torch.randint(3, 240, (T,), generator=torch.Generator().manual_seed(4))
     taps = tapped_forward(qwen3_target, seq[None], drafter.cfg.target_layer_ids)[0]
     props, nll, conf = draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3, scores=True)
-    assert torch.equal(draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3)[0], props)  # scores change no draft
+    assert torch.equal(
+        draft_every_anchor(drafter, qwen3_target, seq, taps, P, anchors_per_chunk=3)[0], props
+    )  # scores change no draft
     assert props.shape == nll.shape == conf.shape == (T - 1 - P, B - 1)
     for i, p in enumerate(range(P, T - 1)):
         block = torch.full((1, 1, B), MASK_ID)

@@ -20,10 +20,20 @@ def test_decode_steps_counts_batches_times_new_tokens():
     assert decode_steps(0, 16, 10) == 0
 
 
-@pytest.mark.parametrize("choice, steps, want", [
-    ("auto", 256, False), ("auto", 3999, False), ("auto", 4000, True), ("auto", 10**6, True),
-    ("true", 1, True), (True, 1, True), ("True", 1, True), ("false", 10**6, False), (False, 10**6, False),
-])
+@pytest.mark.parametrize(
+    "choice, steps, want",
+    [
+        ("auto", 256, False),
+        ("auto", 3999, False),
+        ("auto", 4000, True),
+        ("auto", 10**6, True),
+        ("true", 1, True),
+        (True, 1, True),
+        ("True", 1, True),
+        ("false", 10**6, False),
+        (False, 10**6, False),
+    ],
+)
 def test_choose_compile(choice, steps, want):
     got, why = choose_compile(choice, steps, 4000)
     assert got is want
@@ -65,8 +75,15 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
     monkeypatch.setattr(generate, "_static_engine", fake)
     for min_steps, want in ((3, True), (4, False)):
         heard = []
-        greedy_generate(qwen3_target, [[5, 6], [7, 8, 9]], 3, batch_size=2, compile="auto", compile_min_steps=min_steps,
-                        on_engine=lambda label, setup: heard.append((label, setup)))
+        greedy_generate(
+            qwen3_target,
+            [[5, 6], [7, 8, 9]],
+            3,
+            batch_size=2,
+            compile="auto",
+            compile_min_steps=min_steps,
+            on_engine=lambda label, setup: heard.append((label, setup)),
+        )
         assert seen[-1] == (2, want)  # 1 batch of 2 x 3 new tokens = 3 steps
         ((label, setup),) = heard
         assert ("not compiled" in label) is not want and setup is not None
@@ -77,7 +94,9 @@ def test_auto_rule_reaches_the_engine(qwen3_target, monkeypatch):
 
 def test_cpu_references_report_no_engine(qwen3_target, tmp_path):
     heard = []
-    greedy_generate(qwen3_target, [[5, 6]], 3, on_engine=lambda label, setup: heard.append((label, setup)), compile="auto")
+    greedy_generate(
+        qwen3_target, [[5, 6]], 3, on_engine=lambda label, setup: heard.append((label, setup)), compile="auto"
+    )
     assert heard == [("dynamic cache", None)]
     _, stats = get_references(qwen3_target, [[5, 6]], 3, {}, tmp_path)  # what the references report of it
     assert stats.engine == "dynamic cache" and stats.setup_s is None
@@ -107,7 +126,9 @@ def _dispatching(impl):
 def test_linear_attention_kernel_reads_the_dispatch(vl_target, monkeypatch):
     layer = kernels._linear_layer(vl_target.model)
     mod = sys.modules[type(layer).__module__]
-    fla_rule = types.FunctionType((lambda: None).__code__, {"__name__": "fla.ops.gated_delta_rule.chunk"}, "chunk_gated_delta_rule")
+    fla_rule = types.FunctionType(
+        (lambda: None).__code__, {"__name__": "fla.ops.gated_delta_rule.chunk"}, "chunk_gated_delta_rule"
+    )
     fla_rule.__module__ = "fla.ops.gated_delta_rule.chunk"
     conv = types.FunctionType((lambda: None).__code__, {}, "causal_conv1d_fn")
     conv.__module__ = "causal_conv1d.cpp_functions"

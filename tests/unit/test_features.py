@@ -44,14 +44,27 @@ def test_truncated_forward_equals_the_full_forwards_hidden_states(fixture, reque
     t = request.getfixturevalue(fixture)
     n = t.num_layers
     ids = _ids(2, 23, seed=1)
-    for layers in ([0], [1, n - 2], [n - 2, 0, 1], [n - 1], [0, n - 1]):  # n - 1: after the final norm, as hidden_states[n]
-        torch.testing.assert_close(tapped_forward(t, ids, layers), _full_taps(t, ids, layers), atol=1e-6, rtol=1e-5, msg=str(layers))
+    for layers in (
+        [0],
+        [1, n - 2],
+        [n - 2, 0, 1],
+        [n - 1],
+        [0, n - 1],
+    ):  # n - 1: after the final norm, as hidden_states[n]
+        torch.testing.assert_close(
+            tapped_forward(t, ids, layers), _full_taps(t, ids, layers), atol=1e-6, rtol=1e-5, msg=str(layers)
+        )
 
 
 def test_truncated_forward_runs_nothing_after_the_deepest_tap(qwen3_target):
     t = qwen3_target
     ran: list[str] = []
-    mods = {"layer 3": t.model.model.layers[3], "layer 4": t.model.model.layers[4], "norm": t.model.model.norm, "lm_head": t.model.lm_head}
+    mods = {
+        "layer 3": t.model.model.layers[3],
+        "layer 4": t.model.model.layers[4],
+        "norm": t.model.model.norm,
+        "lm_head": t.model.lm_head,
+    }
     handles = [m.register_forward_hook(lambda *_a, name=name: ran.append(name)) for name, m in mods.items()]
     try:
         tapped_forward(t, _ids(), [0, 3])
@@ -70,7 +83,9 @@ def test_chunked_features_equal_unchunked(fixture, request):
     ids = _ids(2, 150, seed=2)
     one = tapped_forward(t, ids, layers)
     for chunk in (64, 50, 7, 150, 1000):
-        torch.testing.assert_close(tapped_forward(t, ids, layers, chunk_tokens=chunk), one, atol=2e-6, rtol=1e-5, msg=f"chunk {chunk}")
+        torch.testing.assert_close(
+            tapped_forward(t, ids, layers, chunk_tokens=chunk), one, atol=2e-6, rtol=1e-5, msg=f"chunk {chunk}"
+        )
 
 
 def test_chunked_features_with_right_padding(qwen3_target):
@@ -80,7 +95,9 @@ def test_chunked_features_with_right_padding(qwen3_target):
     mask[1, 25:] = 0  # row 1 is 25 tokens, right-padded
     layers = [1, 4]
     one = tapped_forward(t, ids, layers, attention_mask=mask)
-    torch.testing.assert_close(tapped_forward(t, ids, layers, attention_mask=mask, chunk_tokens=16), one, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        tapped_forward(t, ids, layers, attention_mask=mask, chunk_tokens=16), one, atol=2e-6, rtol=1e-5
+    )
     torch.testing.assert_close(one[1, :25], tapped_forward(t, ids[1:, :25], layers)[0], atol=2e-6, rtol=1e-5)
 
 
@@ -221,8 +238,12 @@ def test_non_finite_states_name_the_prompt_and_layer(qwen3_target, tmp_path, mon
 
 
 def test_bad_feature_settings_are_config_errors(qwen3_target, tmp_path):
-    for kw, name in ((dict(chunk_tokens=0), "chunk_tokens"), (dict(max_cache_gb=-1), "max_cache_gb"), (dict(memory_gb="x"), "memory_gb"),
-                     (dict(batch_tokens=0), "batch_tokens")):
+    for kw, name in (
+        (dict(chunk_tokens=0), "chunk_tokens"),
+        (dict(max_cache_gb=-1), "max_cache_gb"),
+        (dict(memory_gb="x"), "memory_gb"),
+        (dict(batch_tokens=0), "batch_tokens"),
+    ):
         with pytest.raises(ConfigError, match=f"features.{name}"):
             get_features(qwen3_target, _seqs(1), [[1]], tmp_path, **kw)
 
@@ -262,11 +283,15 @@ def test_batched_feature_passes_equal_one_sequence_per_pass(fixture, request, tm
     one, s1 = get_features(t, seqs, layers, tmp_path / "one", cache=False)
     for batch, chunk in ((10_000, None), (10_000, 16), (80, 1024)):
         PROCESS.clear()
-        got, s = get_features(t, seqs, layers, tmp_path / f"b{batch}_{chunk}", cache=False, batch_tokens=batch, chunk_tokens=chunk)
+        got, s = get_features(
+            t, seqs, layers, tmp_path / f"b{batch}_{chunk}", cache=False, batch_tokens=batch, chunk_tokens=chunk
+        )
         assert s.computed == s1.computed == len(seqs) and s.computed_tokens == sum(map(len, seqs))
         for a, b, seq in zip(one, got, seqs):
             assert b.states.shape[0] == len(seq) and b.key == a.key
-            torch.testing.assert_close(b.states, a.states, atol=2e-5, rtol=1e-5, msg=f"batch_tokens {batch}, chunk {chunk}")
+            torch.testing.assert_close(
+                b.states, a.states, atol=2e-5, rtol=1e-5, msg=f"batch_tokens {batch}, chunk {chunk}"
+            )
 
 
 def test_batches_hold_consecutive_sequences_within_their_padded_size(qwen3_target, tmp_path, monkeypatch):
@@ -274,14 +299,27 @@ def test_batches_hold_consecutive_sequences_within_their_padded_size(qwen3_targe
     gets one sequence at a time."""
     calls = []
     real = F.tapped_forward
-    monkeypatch.setattr(F, "tapped_forward", lambda t, ids, *a, **k: calls.append(tuple(ids.shape)) or real(t, ids, *a, **k))
+    monkeypatch.setattr(
+        F, "tapped_forward", lambda t, ids, *a, **k: calls.append(tuple(ids.shape)) or real(t, ids, *a, **k)
+    )
     seqs = _seqs(5)  # 20 tokens each
     get_features(qwen3_target, seqs[1:2], [[1]], tmp_path)  # seqs[1] held from now on
     calls.clear()
     stats = FeatureStats()
-    it = iter_features(qwen3_target, [seqs[0], seqs[1], seqs[2], seqs[3], seqs[3], seqs[4]], [[1]], tmp_path, stats=stats, batch_tokens=40)
+    it = iter_features(
+        qwen3_target,
+        [seqs[0], seqs[1], seqs[2], seqs[3], seqs[3], seqs[4]],
+        [[1]],
+        tmp_path,
+        stats=stats,
+        batch_tokens=40,
+    )
     next(it)
     assert calls == [(1, 20)] and stats.computed == 1  # seqs[0] alone: seqs[1] after it needs nothing
     rest = list(it)
     assert len(rest) == 5 and calls == [(1, 20), (2, 20), (1, 20)]  # [2, 3] (the second 3 from memory), then [4]
-    assert (stats.computed, stats.memory_hits, stats.disk_hits) == (4, 2, 0)  # seqs[1] and the second seqs[3] from memory
+    assert (stats.computed, stats.memory_hits, stats.disk_hits) == (
+        4,
+        2,
+        0,
+    )  # seqs[1] and the second seqs[3] from memory

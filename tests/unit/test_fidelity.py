@@ -29,7 +29,7 @@ H, HEADS, KV, D, FFN, LAYERS, B, TAPS = 64, 4, 2, 16, 96, 2, 4, [1, 2, 3]
 
 
 def weights(seed: int = 0, bias: bool = False, taps: int = len(TAPS)) -> dict[str, torch.Tensor]:
-    """Random weights under the public names (DFLASH.md §5); large enough that everything shows."""
+    """Random weights under the public names (docs/family.md §5); large enough that everything shows."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
     norm = lambda n: 1 + 0.1 * torch.randn(n, generator=g)  # noqa: E731
@@ -41,24 +41,55 @@ def weights(seed: int = 0, bias: bool = False, taps: int = len(TAPS)) -> dict[st
             sd[f"{p}self_attn.{n}_proj.weight"] = rnd(*s)
             if bias:
                 sd[f"{p}self_attn.{n}_proj.bias"] = rnd(s[0])
-        sd.update({f"{p}self_attn.q_norm.weight": norm(D), f"{p}self_attn.k_norm.weight": norm(D),
-                   f"{p}mlp.gate_proj.weight": rnd(FFN, H), f"{p}mlp.up_proj.weight": rnd(FFN, H), f"{p}mlp.down_proj.weight": rnd(H, FFN),
-                   f"{p}input_layernorm.weight": norm(H), f"{p}post_attention_layernorm.weight": norm(H)})
+        sd.update(
+            {
+                f"{p}self_attn.q_norm.weight": norm(D),
+                f"{p}self_attn.k_norm.weight": norm(D),
+                f"{p}mlp.gate_proj.weight": rnd(FFN, H),
+                f"{p}mlp.up_proj.weight": rnd(FFN, H),
+                f"{p}mlp.down_proj.weight": rnd(H, FFN),
+                f"{p}input_layernorm.weight": norm(H),
+                f"{p}post_attention_layernorm.weight": norm(H),
+            }
+        )
     return sd
 
 
-def write_drafter(folder: Path, qwen3: dict | None = None, top: dict | None = None, dflash: dict | None = None,
-                  drop: tuple[str, ...] = (), sd: dict | None = None, bias: bool = False) -> Path:
+def write_drafter(
+    folder: Path,
+    qwen3: dict | None = None,
+    top: dict | None = None,
+    dflash: dict | None = None,
+    drop: tuple[str, ...] = (),
+    sd: dict | None = None,
+    bias: bool = False,
+) -> Path:
     """`Qwen3Config(...).save_pretrained(folder)` + DFlash's keys (`top`, `dflash`), `drop`ped keys, safetensors."""
     from safetensors.torch import save_file
     from transformers import Qwen3Config
 
-    kw = dict(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=D,
-              intermediate_size=FFN, max_position_embeddings=512, vocab_size=256, attention_bias=bias)
+    kw = dict(
+        hidden_size=H,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        head_dim=D,
+        intermediate_size=FFN,
+        max_position_embeddings=512,
+        vocab_size=256,
+        attention_bias=bias,
+    )
     Qwen3Config(**{**kw, **(qwen3 or {})}).save_pretrained(folder)
     d = json.loads((folder / "config.json").read_text())
-    d.update({"architectures": ["DFlashDraftModel"], "block_size": B, "num_target_layers": 6,
-              "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": TAPS, **(dflash or {})}, **(top or {})})
+    d.update(
+        {
+            "architectures": ["DFlashDraftModel"],
+            "block_size": B,
+            "num_target_layers": 6,
+            "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": TAPS, **(dflash or {})},
+            **(top or {}),
+        }
+    )
     for k in drop:
         d.pop(k, None) if "." not in k else d[k.split(".")[0]].pop(k.split(".")[1], None)
     (folder / "config.json").write_text(json.dumps(d))
@@ -66,7 +97,9 @@ def write_drafter(folder: Path, qwen3: dict | None = None, top: dict | None = No
     return folder
 
 
-def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: int, window: bool = True, causal: bool = True) -> torch.Tensor:
+def reference_forward(
+    folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: int, window: bool = True, causal: bool = True
+) -> torch.Tensor:
     """One block at anchor p, from transformers' Qwen3 components: taps [p, n*H] (context t < p),
     emb [B, H] -> final-normed hidden [B, H]. Keys: the fused context through each layer's
     k_proj/k_norm/v_proj at positions 0..p-1, then the block at p..p+B-1; full-attention layers
@@ -74,7 +107,13 @@ def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: in
     every k with q - k < w, later block slots too). DFlash2's convolution tensors are not read."""
     from safetensors.torch import load_file
     from transformers import Qwen3Config
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb, repeat_kv
+    from transformers.models.qwen3.modeling_qwen3 import (
+        Qwen3DecoderLayer,
+        Qwen3RMSNorm,
+        Qwen3RotaryEmbedding,
+        apply_rotary_pos_emb,
+        repeat_kv,
+    )
 
     cfg = Qwen3Config.from_pretrained(folder)
     sd = load_file(str(folder / "model.safetensors"))
@@ -89,7 +128,9 @@ def reference_forward(folder: Path, taps: torch.Tensor, emb: torch.Tensor, p: in
     x = emb
     for i in range(cfg.num_hidden_layers):
         layer = Qwen3DecoderLayer(cfg, i)
-        layer.load_state_dict({k[len(f"layers.{i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{i}.") and "_conv." not in k})
+        layer.load_state_dict(
+            {k[len(f"layers.{i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{i}.") and "_conv." not in k}
+        )
         a, h = layer.self_attn, layer.input_layernorm(x)
         kv_in = torch.cat([ctx, h])  # [p+B, H]
         q = a.q_norm(a.q_proj(h).view(B, -1, D)).transpose(0, 1)[None]  # [1, nh, B, D]
@@ -124,21 +165,40 @@ ROPES = {
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
     "yarn": YARN,
-    "longrope": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
-                 "short_factor": [1.0 + 0.1 * i for i in range(D // 2)], "long_factor": [2.0 + 0.5 * i for i in range(D // 2)]},
-    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64},
+    "longrope": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 256,
+        "short_factor": [1.0 + 0.1 * i for i in range(D // 2)],
+        "long_factor": [2.0 + 0.5 * i for i in range(D // 2)],
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
 }
 FORMS = {
     **{f"rope_parameters {k}": ({"rope_parameters": v}, {}, ()) for k, v in ROPES.items()},
     "legacy rope_theta + rope_scaling yarn": (
         {},
-        {"rope_theta": 50000.0, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256}},
+        {
+            "rope_theta": 50000.0,
+            "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256},
+        },
         ("rope_parameters",),
     ),
     "legacy rope_theta only": ({}, {"rope_theta": 100000.0}, ("rope_parameters",)),
     "yarn + biases + a sliding layer": (
-        {"rope_parameters": YARN, "layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True, "sliding_window": 4},
+        {
+            "rope_parameters": YARN,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "use_sliding_window": True,
+            "sliding_window": 4,
+        },
         {},
         (),
     ),
@@ -159,9 +219,13 @@ def test_config_forms_match_transformers(qwen3_target, tmp_path, form):
     got = model.rotary(pos, torch.float32)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     if form.startswith("rope_parameters yarn") or "biases" in form:
-        assert model.rotary.scaling == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)  # yarn's attention factor
+        assert model.rotary.scaling == pytest.approx(
+            0.1 * torch.log(torch.tensor(4.0)).item() + 1
+        )  # yarn's attention factor
     taps, emb = inputs()
-    torch.testing.assert_close(ours(model, taps, emb, 20), reference_forward(folder, taps, emb, 20), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours(model, taps, emb, 20), reference_forward(folder, taps, emb, 20), atol=2e-5, rtol=1e-5
+    )
 
 
 def test_rope_forms_differ(qwen3_target, tmp_path):
@@ -169,7 +233,9 @@ def test_rope_forms_differ(qwen3_target, tmp_path):
     outs = {}
     taps, emb = inputs()
     for name in ("default", "linear", "yarn", "llama3"):
-        model = load_drafter(qwen3_target, "hf", "x", path=str(write_drafter(tmp_path / name, {"rope_parameters": ROPES[name]}))).model
+        model = load_drafter(
+            qwen3_target, "hf", "x", path=str(write_drafter(tmp_path / name, {"rope_parameters": ROPES[name]}))
+        ).model
         outs[name] = ours(model, taps, emb, 20)
     names = list(outs)
     assert all((outs[a] - outs[b]).abs().max() > 1e-3 for i, a in enumerate(names) for b in names[i + 1 :])
@@ -184,7 +250,9 @@ def test_biases_are_loaded_and_used(qwen3_target, tmp_path):
     for name in ("q", "k", "v", "o"):
         changed = dict(sd)
         changed[f"layers.0.self_attn.{name}_proj.bias"] = sd[f"layers.0.self_attn.{name}_proj.bias"] + 0.5
-        other = load_drafter(qwen3_target, "hf", "x", path=str(write_drafter(tmp_path / name, sd=changed, bias=True))).model
+        other = load_drafter(
+            qwen3_target, "hf", "x", path=str(write_drafter(tmp_path / name, sd=changed, bias=True))
+        ).model
         assert (ours(other, taps, emb, 20) - base).abs().max() > 1e-3, f"{name}_proj.bias changes nothing"
 
 
@@ -222,7 +290,10 @@ def test_window_of_4_on_a_20_token_context(qwen3_target, tmp_path):
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_batched_anchors_equal_single_anchors_with_a_window(qwen3_target, tmp_path, backend):
     model = load_drafter(
-        qwen3_target, "hf", "w", path=str(write_drafter(tmp_path / "w", {**SLIDING, "layer_types": ["sliding_attention", "full_attention"]}))
+        qwen3_target,
+        "hf",
+        "w",
+        path=str(write_drafter(tmp_path / "w", {**SLIDING, "layer_types": ["sliding_attention", "full_attention"]})),
     ).model
     g = torch.Generator().manual_seed(3)
     T, anchors = 24, [[2, 7, 8, 19, 23]]
@@ -241,12 +312,20 @@ def test_dynamic_rope_warns_that_the_serving_engines_compute_another_base(tmp_pa
     (w,) = src.warnings
     served = 10000.0 * (2.0 * 2.0 - 2.0 + 1) ** (D / (D - 2))  # factor 2
     assert "evaluated as transformers computes it" in w and f"fixed base {served:.6g}" in w
-    for name in ("default", "linear", "yarn", "longrope", "llama3"):  # where transformers and the engines agree: no warning
+    for name in (
+        "default",
+        "linear",
+        "yarn",
+        "longrope",
+        "llama3",
+    ):  # where transformers and the engines agree: no warning
         other = read_drafter("hf", "x", path=str(write_drafter(tmp_path / name, {"rope_parameters": ROPES[name]})))
         assert other.warnings == [], name
 
 
-@pytest.mark.parametrize("extra, hf", [({"attention_factor": 0.8}, "0.8"), ({"mscale": 1.0, "mscale_all_dim": 0.5}, "1.06482")])
+@pytest.mark.parametrize(
+    "extra, hf", [({"attention_factor": 0.8}, "0.8"), ({"mscale": 1.0, "mscale_all_dim": 0.5}, "1.06482")]
+)
 def test_yarn_attention_keys_the_engines_ignore_are_named(tmp_path, extra, hf):
     """transformers' yarn honours attention_factor / mscale; SGLang's and vLLM's read neither (0.1 ln 4 + 1)."""
     src = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", {"rope_parameters": {**YARN, **extra}})))
@@ -259,19 +338,28 @@ def test_yarn_attention_keys_the_engines_ignore_are_named(tmp_path, extra, hf):
 
 @pytest.mark.parametrize(
     "field, top, inner",
-    [("block_size", 16, 8), ("mask_token_id", 7, MASK_ID), ("target_layer_ids", [0, 1, 2], TAPS), ("num_target_layers", 36, 6)],
+    [
+        ("block_size", 16, 8),
+        ("mask_token_id", 7, MASK_ID),
+        ("target_layer_ids", [0, 1, 2], TAPS),
+        ("num_target_layers", 36, 6),
+    ],
 )
 def test_dflash_config_wins_with_a_warning(tmp_path, field, top, inner):
     src = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "d", top={field: top}, dflash={field: inner})))
     assert getattr(src.config, field) == inner
     (w,) = src.warnings
-    assert f"{field}={top!r}" in w and f"dflash_config.{field}={inner!r}" in w and f"using dflash_config's {inner!r}" in w
+    assert (
+        f"{field}={top!r}" in w and f"dflash_config.{field}={inner!r}" in w and f"using dflash_config's {inner!r}" in w
+    )
     same = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "s", top={field: inner}, dflash={field: inner})))
     assert same.warnings == [] and getattr(same.config, field) == inner
 
 
 def test_top_level_fields_are_read_when_dflash_config_lacks_them(tmp_path):
-    folder = write_drafter(tmp_path / "d", top={"mask_token_id": 9, "target_layer_ids": TAPS}, dflash={}, drop=("dflash_config",))
+    folder = write_drafter(
+        tmp_path / "d", top={"mask_token_id": 9, "target_layer_ids": TAPS}, dflash={}, drop=("dflash_config",)
+    )
     src = read_drafter("hf", "x", path=str(folder))
     assert (src.config.mask_token_id, src.config.target_layer_ids, src.warnings) == (9, TAPS, [])
 
@@ -281,8 +369,16 @@ def test_mask_token_resolves_through_the_target_tokenizer(qwen3_target, tmp_path
     src = read_drafter("hf", "x", path=str(folder))
     assert src.config.mask_token_id is None and src.config.mask_token == "t249"
     assert fit_drafter(src, qwen3_target).config.mask_token_id == 249
-    bad = read_drafter("hf", "x", path=str(write_drafter(tmp_path / "b", dflash={"mask_token": "<|MASK|>"}, drop=("dflash_config.mask_token_id",))))
-    with pytest.raises(CheckpointError, match=r"mask_token '<\|MASK\|>' is not a single token of the target's tokenizer"):
+    bad = read_drafter(
+        "hf",
+        "x",
+        path=str(
+            write_drafter(tmp_path / "b", dflash={"mask_token": "<|MASK|>"}, drop=("dflash_config.mask_token_id",))
+        ),
+    )
+    with pytest.raises(
+        CheckpointError, match=r"mask_token '<\|MASK\|>' is not a single token of the target's tokenizer"
+    ):
         fit_drafter(bad, qwen3_target)
 
 
@@ -301,9 +397,22 @@ def test_effective_config_records_what_was_evaluated(qwen3_target, tmp_path):
     folder = write_drafter(tmp_path / "d", {"rope_parameters": YARN, **SLIDING}, bias=True)
     cfg = load_drafter(qwen3_target, "hf", "x", path=str(folder)).model.cfg
     e = effective_config(cfg)
-    assert {k: e[k] for k in ("block_size", "target_layer_ids", "mask_token_id", "num_layers", "head_dim", "attention_bias")} == \
-        {"block_size": B, "target_layer_ids": TAPS, "mask_token_id": MASK_ID, "num_layers": LAYERS, "head_dim": D, "attention_bias": True}
-    assert (e["rope_type"], e["rope_theta"], e["rope_factor"], e["rope_original_max_position_embeddings"]) == ("yarn", 10000.0, 4.0, 128)
+    assert {
+        k: e[k] for k in ("block_size", "target_layer_ids", "mask_token_id", "num_layers", "head_dim", "attention_bias")
+    } == {
+        "block_size": B,
+        "target_layer_ids": TAPS,
+        "mask_token_id": MASK_ID,
+        "num_layers": LAYERS,
+        "head_dim": D,
+        "attention_bias": True,
+    }
+    assert (e["rope_type"], e["rope_theta"], e["rope_factor"], e["rope_original_max_position_embeddings"]) == (
+        "yarn",
+        10000.0,
+        4.0,
+        128,
+    )
     assert e["rope_attention_scaling"] == pytest.approx(1.1386, abs=1e-4)
     assert (e["sliding_layers"], e["sliding_window"], e["sliding_window_applied"]) == ([0, 1], 4, True)
     assert effective_config(cfg, apply_window=False)["sliding_window_applied"] is False

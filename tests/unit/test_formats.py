@@ -52,15 +52,38 @@ def big(seed: int = 3) -> dict[str, torch.Tensor]:  # large weights: proposals v
 
 
 def speculators_config(tmp_path: Path, kind: str = "dflash", **kw) -> dict:
-    tlc = {k: v for k, v in hf_config(tmp_path).items() if k not in ("dflash_config", "architectures", "block_size", "num_target_layers")}
-    return {"speculators_model_type": kind, "architectures": ["DFlashSpeculator"], "transformer_layer_config": tlc,
-            "draft_vocab_size": 256, "block_size": B, "target_hidden_size": None, "aux_hidden_state_layer_ids": [t + 1 for t in TAPS],
-            "mask_token_id": MASK_ID, "sliding_window_non_causal": False, "projector_type": "dflash", "pure_draft_prefix_len": 1,
-            "emb_dim": 256, "gru_hidden_dim": 1024, "auf": False, "shift_label": False, "sample_from_anchor": False,
-            "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
-                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": B - 1}],
-                                   "verifier": {"name_or_path": "tiny/qwen3", "architectures": ["Qwen3ForCausalLM"]}},
-            "speculators_version": "0.4.0", "dtype": "float32", **kw}
+    tlc = {
+        k: v
+        for k, v in hf_config(tmp_path).items()
+        if k not in ("dflash_config", "architectures", "block_size", "num_target_layers")
+    }
+    return {
+        "speculators_model_type": kind,
+        "architectures": ["DFlashSpeculator"],
+        "transformer_layer_config": tlc,
+        "draft_vocab_size": 256,
+        "block_size": B,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": [t + 1 for t in TAPS],
+        "mask_token_id": MASK_ID,
+        "sliding_window_non_causal": False,
+        "projector_type": "dflash",
+        "pure_draft_prefix_len": 1,
+        "emb_dim": 256,
+        "gru_hidden_dim": 1024,
+        "auf": False,
+        "shift_label": False,
+        "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": kind,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": B - 1}],
+            "verifier": {"name_or_path": "tiny/qwen3", "architectures": ["Qwen3ForCausalLM"]},
+        },
+        "speculators_version": "0.4.0",
+        "dtype": "float32",
+        **kw,
+    }
 
 
 # --- accepted formats: the same computation as the HF format ------------------------------------
@@ -72,9 +95,15 @@ def test_vllm_keys_give_the_hf_drafter(qwen3_target, tmp_path):
     ref = proposals(qwen3_target, folder(tmp_path / "hf", hf_config(tmp_path), sd))
     cfg = hf_config(tmp_path)
     del cfg["dflash_config"]["target_layer_ids"]
-    cfg.update({"eagle_aux_hidden_state_layer_ids": [t + 1 for t in TAPS], "eagle_config": {"use_aux_hidden_state": True}})
-    renamed = {k.replace("layers.0.", "midlayer.").replace("fc.", "encoder.fc.").replace("hidden_norm.", "encoder.output_norm_enc."): v
-               for k, v in sd.items()}
+    cfg.update(
+        {"eagle_aux_hidden_state_layer_ids": [t + 1 for t in TAPS], "eagle_config": {"use_aux_hidden_state": True}}
+    )
+    renamed = {
+        k.replace("layers.0.", "midlayer.")
+        .replace("fc.", "encoder.fc.")
+        .replace("hidden_norm.", "encoder.output_norm_enc."): v
+        for k, v in sd.items()
+    }
     assert torch.equal(proposals(qwen3_target, folder(tmp_path / "vllm", cfg, renamed)), ref)
     cfg = hf_config(tmp_path, dflash={"target_layer_ids": None, "layer_ids": [t + 1 for t in TAPS]})
     assert torch.equal(proposals(qwen3_target, folder(tmp_path / "ids", cfg, sd)), ref)
@@ -106,11 +135,15 @@ def test_speculators_transformer_layer_config_diff_takes_transformers_defaults(t
 
 
 def test_speculators_dflash2_goes_to_the_dflash2_parser(tmp_path):
-    raw = speculators_config(tmp_path, "dflash2", conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    raw = speculators_config(
+        tmp_path, "dflash2", conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4
+    )
     t = translate(raw, {})
     assert t.fmt == "speculators" and t.config["architectures"] == ["DFlash2DraftModel"]
-    assert {k: t.config["dflash_config"][k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")} == \
-        {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    assert {
+        k: t.config["dflash_config"][k]
+        for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    } == {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
 
 
 # --- the fields that change the computation -------------------------------------------------------
@@ -127,7 +160,9 @@ def test_causal_blocks(qwen3_target, tmp_path):
     taps = tapped_forward(qwen3_target, torch.tensor([SEQ]), d.cfg.target_layer_ids)[0][None, :8]
     emb = qwen3_target.embed(torch.tensor([[[4, MASK_ID, MASK_ID, MASK_ID]]]))
     h, h2 = (d(taps, e, torch.tensor([[8]])) for e in (emb, emb.clone().index_fill_(2, torch.tensor([3]), 1.0)))
-    assert torch.allclose(h[..., :3, :], h2[..., :3, :]) and not torch.allclose(h[..., 3, :], h2[..., 3, :])  # slot 3 unseen by 0..2
+    assert torch.allclose(h[..., :3, :], h2[..., :3, :]) and not torch.allclose(
+        h[..., 3, :], h2[..., 3, :]
+    )  # slot 3 unseen by 0..2
 
 
 def test_non_causal_sliding_mask():
@@ -135,14 +170,28 @@ def test_non_causal_sliding_mask():
     seen both ways (the window bounding it on the left only), the context windowed from the query's own position."""
     p, T, B, w = 6, 8, 4, 3
     m = visibility_mask(torch.tensor([[p]]), T, B, window=w, causal=False)[0]  # [B slots, T context + B slots]
-    assert m[0].int().tolist() == [0, 0, 0, 0, 1, 1, 0, 0] + [1, 1, 1, 1]  # slot 0 (position 6): context 4, 5; every slot
-    assert m[3].int().tolist() == [0] * 8 + [0, 1, 1, 1]  # slot 3 (position 9): no context left in the window; slots 1..3
+    assert m[0].int().tolist() == [0, 0, 0, 0, 1, 1, 0, 0] + [
+        1,
+        1,
+        1,
+        1,
+    ]  # slot 0 (position 6): context 4, 5; every slot
+    assert m[3].int().tolist() == [0] * 8 + [
+        0,
+        1,
+        1,
+        1,
+    ]  # slot 3 (position 9): no context left in the window; slots 1..3
     for i in range(B):
         assert m[i, :T].nonzero()[:, 0].tolist() == [t for t in range(T) if p + i - w < t < p]
         assert m[i, T:].nonzero()[:, 0].tolist() == [j for j in range(B) if i - j < w]
     causal = visibility_mask(torch.tensor([[p]]), T, B, window=w)[0]  # a sliding layer's default: causal
-    assert torch.equal(causal, m & torch.cat([torch.ones(B, T, dtype=torch.bool), torch.ones(B, B, dtype=torch.bool).tril()], 1))
-    wide = visibility_mask(torch.tensor([[p]]), T, B, window=2048, causal=False)[0]  # public window: all of the block, all t < p
+    assert torch.equal(
+        causal, m & torch.cat([torch.ones(B, T, dtype=torch.bool), torch.ones(B, B, dtype=torch.bool).tril()], 1)
+    )
+    wide = visibility_mask(torch.tensor([[p]]), T, B, window=2048, causal=False)[
+        0
+    ]  # public window: all of the block, all t < p
     assert wide[:, T:].all() and wide[:, :p].all() and not wide[:, p:T].any()
 
 
@@ -156,9 +205,15 @@ def test_own_embedding_and_lm_head(qwen3_target, tmp_path):
     same = folder(tmp_path / "same", hf_config(tmp_path), {**sd, "embed_tokens.weight": E, "lm_head.weight": W})
     assert torch.equal(proposals(qwen3_target, same), ref)
     d = load_drafter(qwen3_target, "hf", "x", path=str(same)).model
-    assert d.embed_tokens is not None and share_equal(d, qwen3_target) == [
-        "embed_tokens: the target's (the drafter's own equals it, as vLLM shares it then)",
-        "lm_head: the target's (the drafter's own equals it, as vLLM shares it then)"] and d.embed_tokens is None
+    assert (
+        d.embed_tokens is not None
+        and share_equal(d, qwen3_target)
+        == [
+            "embed_tokens: the target's (the drafter's own equals it, as vLLM shares it then)",
+            "lm_head: the target's (the drafter's own equals it, as vLLM shares it then)",
+        ]
+        and d.embed_tokens is None
+    )
     perm = torch.randperm(256, generator=torch.Generator().manual_seed(0))
     head = folder(tmp_path / "head", hf_config(tmp_path), {**sd, "lm_head.weight": W[perm]})
     assert torch.equal(perm[proposals(qwen3_target, head)], ref)  # row j of the own head is the target's row perm[j]
@@ -175,17 +230,30 @@ def test_own_embedding_and_lm_head(qwen3_target, tmp_path):
 
 def test_reduced_draft_vocabulary_maps_ids(qwen3_target, tmp_path):
     W = qwen3_target.model.get_output_embeddings().weight.detach()
-    ids = torch.randperm(256, generator=torch.Generator().manual_seed(1))[:64].sort().values  # the draft vocabulary's target ids
+    ids = (
+        torch.randperm(256, generator=torch.Generator().manual_seed(1))[:64].sort().values
+    )  # the draft vocabulary's target ids
     sd = {**big(), "lm_head.weight": W[ids], "d2t": ids - torch.arange(64)}  # vLLM's d2t: offsets, target = i + d2t[i]
     got = proposals(qwen3_target, folder(tmp_path / "r", hf_config(tmp_path, top={"draft_vocab_size": 64}), sd))
     full = proposals(qwen3_target, folder(tmp_path / "hf", hf_config(tmp_path), big()))
     assert torch.isin(got, ids).all() and not torch.equal(got, full)
     t2d = torch.zeros(256, dtype=torch.bool).index_fill_(0, ids, True)
-    same = proposals(qwen3_target, folder(tmp_path / "t", hf_config(tmp_path, top={"draft_vocab_size": 64}), {**sd, "t2d": t2d}))
+    same = proposals(
+        qwen3_target, folder(tmp_path / "t", hf_config(tmp_path, top={"draft_vocab_size": 64}), {**sd, "t2d": t2d})
+    )
     assert torch.equal(same, got)  # t2d agrees with the offsets: read, then dropped as vLLM drops it
-    with pytest.raises(CheckpointError, match="tensor d2t read as vLLM reads it"):  # absolute ids are not vLLM's offsets
-        read_drafter("hf", "x", path=str(folder(tmp_path / "abs", hf_config(tmp_path, top={"draft_vocab_size": 64}),
-                                               {**sd, "d2t": ids, "t2d": t2d})))
+    with pytest.raises(
+        CheckpointError, match="tensor d2t read as vLLM reads it"
+    ):  # absolute ids are not vLLM's offsets
+        read_drafter(
+            "hf",
+            "x",
+            path=str(
+                folder(
+                    tmp_path / "abs", hf_config(tmp_path, top={"draft_vocab_size": 64}), {**sd, "d2t": ids, "t2d": t2d}
+                )
+            ),
+        )
     d = load_drafter(qwen3_target, "hf", "x", path=str(tmp_path / "r")).model
     h = torch.randn(5, H)
     assert torch.equal(d.logits(qwen3_target.lm_head, h).argmax(-1), ids[(h @ W[ids].T).argmax(-1)])
@@ -193,7 +261,9 @@ def test_reduced_draft_vocabulary_maps_ids(qwen3_target, tmp_path):
 
 def test_logit_scale_scales_the_draft_logits(qwen3_target, tmp_path):
     props, nll, conf = proposals(qwen3_target, folder(tmp_path / "hf", hf_config(tmp_path), big()), scores=True)
-    p2, nll2, conf2 = proposals(qwen3_target, folder(tmp_path / "s", hf_config(tmp_path, top={"logit_scale": 2.0}), big()), scores=True)
+    p2, nll2, conf2 = proposals(
+        qwen3_target, folder(tmp_path / "s", hf_config(tmp_path, top={"logit_scale": 2.0}), big()), scores=True
+    )
     assert torch.equal(props, p2) and (conf2 >= conf - 1e-6).all() and not torch.allclose(nll, nll2)
 
 
@@ -205,31 +275,77 @@ def _sd_with(**extra):
 
 
 REFUSALS = {  # name: (config change, tensors, words)
-    "use_aux_hidden_state": (lambda c: c["dflash_config"].update(use_aux_hidden_state=False), None, "dflash_config.use_aux_hidden_state=False"),
+    "use_aux_hidden_state": (
+        lambda c: c["dflash_config"].update(use_aux_hidden_state=False),
+        None,
+        "dflash_config.use_aux_hidden_state=False",
+    ),
     "sink bias": (lambda c: c.update(add_swa_attention_sink_bias=True), None, "add_swa_attention_sink_bias=True"),
-    "dflash sink bias": (lambda c: c["dflash_config"].update(attention_sink_bias=True), None, "dflash_config.attention_sink_bias=True"),
-    "use_swa without causal, window < block": (lambda c: c["dflash_config"].update(use_swa=True, swa_window_size=3), None,
-                                               "causal=false with sliding_window=3 < block_size"),
-    "causal false, window < block": (lambda c: c.update(layer_types=["sliding_attention"] * 2, sliding_window=3, use_sliding_window=True,
-                                                        dflash_config={**c["dflash_config"], "causal": False}), None,
-                                     "causal=false with sliding_window=3 < block_size"),
-    "aux id 0": (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 3]), None, "eagle_aux_hidden_state_layer_ids=[0, 2, 3]"),
-    "reduced vocab without d2t": (lambda c: c.update(draft_vocab_size=64), _sd_with(**{"lm_head.weight": torch.zeros(64, H)}), "tensor d2t"),
-    "reduced vocab without head": (lambda c: c.update(draft_vocab_size=64), _sd_with(d2t=torch.zeros(64, dtype=torch.long)), "lm_head.weight"),
-    "d2t shape": (lambda c: c.update(draft_vocab_size=64),
-                  _sd_with(**{"lm_head.weight": torch.zeros(64, H), "d2t": torch.zeros(63, dtype=torch.long)}), "tensor d2t torch.int64 (63,)"),
-    "d2t out of range": (lambda c: c.update(draft_vocab_size=64),
-                         _sd_with(**{"lm_head.weight": torch.zeros(64, H), "d2t": torch.full((64,), 250, dtype=torch.long)}), "tensor d2t maps"),
-    "d2t on a full vocab": (lambda c: None, _sd_with(d2t=torch.arange(256).roll(1) - torch.arange(256)), "tensor d2t maps a full-size"),
+    "dflash sink bias": (
+        lambda c: c["dflash_config"].update(attention_sink_bias=True),
+        None,
+        "dflash_config.attention_sink_bias=True",
+    ),
+    "use_swa without causal, window < block": (
+        lambda c: c["dflash_config"].update(use_swa=True, swa_window_size=3),
+        None,
+        "causal=false with sliding_window=3 < block_size",
+    ),
+    "causal false, window < block": (
+        lambda c: c.update(
+            layer_types=["sliding_attention"] * 2,
+            sliding_window=3,
+            use_sliding_window=True,
+            dflash_config={**c["dflash_config"], "causal": False},
+        ),
+        None,
+        "causal=false with sliding_window=3 < block_size",
+    ),
+    "aux id 0": (
+        lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 3]),
+        None,
+        "eagle_aux_hidden_state_layer_ids=[0, 2, 3]",
+    ),
+    "reduced vocab without d2t": (
+        lambda c: c.update(draft_vocab_size=64),
+        _sd_with(**{"lm_head.weight": torch.zeros(64, H)}),
+        "tensor d2t",
+    ),
+    "reduced vocab without head": (
+        lambda c: c.update(draft_vocab_size=64),
+        _sd_with(d2t=torch.zeros(64, dtype=torch.long)),
+        "lm_head.weight",
+    ),
+    "d2t shape": (
+        lambda c: c.update(draft_vocab_size=64),
+        _sd_with(**{"lm_head.weight": torch.zeros(64, H), "d2t": torch.zeros(63, dtype=torch.long)}),
+        "tensor d2t torch.int64 (63,)",
+    ),
+    "d2t out of range": (
+        lambda c: c.update(draft_vocab_size=64),
+        _sd_with(**{"lm_head.weight": torch.zeros(64, H), "d2t": torch.full((64,), 250, dtype=torch.long)}),
+        "tensor d2t maps",
+    ),
+    "d2t on a full vocab": (
+        lambda c: None,
+        _sd_with(d2t=torch.arange(256).roll(1) - torch.arange(256)),
+        "tensor d2t maps a full-size",
+    ),
     "target_hidden_size": (lambda c: c.update(target_hidden_size=32), None, "target_hidden_size=32"),
-    "own head shape": (lambda c: None, _sd_with(**{"lm_head.weight": torch.zeros(100, H)}), "lm_head.weight: checkpoint (100, 64)"),
+    "own head shape": (
+        lambda c: None,
+        _sd_with(**{"lm_head.weight": torch.zeros(100, H)}),
+        "lm_head.weight: checkpoint (100, 64)",
+    ),
 }
 SPEC_REFUSALS = {
     "projector_type": ({"projector_type": "domino"}, "projector_type='domino'"),
     "sample_from_anchor": ({"sample_from_anchor": True}, "sample_from_anchor=True"),
     "shift_label": ({"shift_label": True}, "shift_label=True"),
-    "speculative_tokens": ({"speculators_config": {"proposal_methods": [{"speculative_tokens": 5}]}},
-                           "speculators_config.proposal_methods[0].speculative_tokens=5"),
+    "speculative_tokens": (
+        {"speculators_config": {"proposal_methods": [{"speculative_tokens": 5}]}},
+        "speculators_config.proposal_methods[0].speculative_tokens=5",
+    ),
     "aux ids missing": ({"aux_hidden_state_layer_ids": None}, "aux_hidden_state_layer_ids=None"),
     "eagle3": ({"speculators_model_type": "eagle3"}, "speculators_model_type='eagle3'"),
     "unknown key": ({"markov_rank": 8}, "unknown config key markov_rank=8"),
@@ -258,11 +374,19 @@ def test_speculators_field_refusal_names_the_key(tmp_path, case):
 
 def test_non_causal_sliding_speculators_and_mask_embedding_file(tmp_path):
     raw = speculators_config(tmp_path, sliding_window_non_causal=True)
-    assert read_drafter("hf", "x", path=str(folder(tmp_path / "full", raw, weights()))).config.causal is None  # no sliding layers: nothing
-    raw["transformer_layer_config"].update(layer_types=["sliding_attention"] * 2, sliding_window=4, use_sliding_window=True)
-    assert read_drafter("hf", "x", path=str(folder(tmp_path / "swa", raw, weights()))).config.causal is False  # non-causal sliding layers
+    assert (
+        read_drafter("hf", "x", path=str(folder(tmp_path / "full", raw, weights()))).config.causal is None
+    )  # no sliding layers: nothing
+    raw["transformer_layer_config"].update(
+        layer_types=["sliding_attention"] * 2, sliding_window=4, use_sliding_window=True
+    )
+    assert (
+        read_drafter("hf", "x", path=str(folder(tmp_path / "swa", raw, weights()))).config.causal is False
+    )  # non-causal sliding layers
     raw["sliding_window_non_causal"] = False
-    assert read_drafter("hf", "x", path=str(folder(tmp_path / "c", raw, weights()))).config.causal is None  # sliding: causal by type
+    assert (
+        read_drafter("hf", "x", path=str(folder(tmp_path / "c", raw, weights()))).config.causal is None
+    )  # sliding: causal by type
     path = folder(tmp_path / "m", hf_config(tmp_path), weights())
     torch.save(torch.zeros(H), path / "mask_embedding.pt")
     with pytest.raises(CheckpointError, match="mask_embedding.pt"):
@@ -288,13 +412,28 @@ def test_a_narrower_drafter_with_its_own_heads(qwen3_target, tmp_path):
     from dflash.models.drafter.files import save_hf_folder
     from dflash.models.drafter.model import DFlashDrafter
 
-    cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                        intermediate_size=48, num_target_layers=6, target_layer_ids=[1, 3], mask_token_id=MASK_ID, block_size=B,
-                        target_hidden_size=64, own_embed=True, own_lm_head=True, vocab_size=256)
+    cfg = DrafterConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=48,
+        num_target_layers=6,
+        target_layer_ids=[1, 3],
+        mask_token_id=MASK_ID,
+        block_size=B,
+        target_hidden_size=64,
+        own_embed=True,
+        own_lm_head=True,
+        vocab_size=256,
+    )
     save_hf_folder(DFlashDrafter(cfg).init_weights(0, std=0.3), tmp_path / "narrow", dtype=torch.float32)
     d = load_drafter(qwen3_target, "hf", "x", path=str(tmp_path / "narrow")).model
     assert (d.fc.in_features, d.embed_tokens.weight.shape, d.lm_head.weight.shape) == (128, (256, 32), (256, 32))
     online = speculative_generate(qwen3_target, d, SEQ[:FIRST], 14)
     taps = tapped_forward(qwen3_target, torch.tensor([SEQ[:FIRST] + online.tokens]), d.cfg.target_layer_ids)[0]
     _, blocks = evaluate_sequence(d, qwen3_target, SEQ[:FIRST], online.tokens, taps)
-    assert [b.proposal for b in blocks] == [b.proposal for b in online.blocks] and len({tuple(b.proposal) for b in blocks}) > 1
+    assert [b.proposal for b in blocks] == [b.proposal for b in online.blocks] and len(
+        {tuple(b.proposal) for b in blocks}
+    ) > 1

@@ -22,7 +22,9 @@ def test_packed_gqa_equals_repeated_heads(q):
     ok[..., 0] = True  # every row sees a key
     mask = torch.zeros(b, 1, q, n).masked_fill_(~ok, torch.finfo(torch.float32).min)
     out, _ = gqa.packed_gqa(_Attn(), query, key, value, mask, scaling=0.3)
-    ref = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask, scale=0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask, scale=0.3
+    )
     assert out.shape == (b, q, k * 3, d)
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
 

@@ -33,8 +33,10 @@ N_NEW = 64
 
 
 def hf_greedy(target, prompt, n):
-    out = target.model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=target.eos_ids, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = target.model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=target.eos_ids, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def token_hiddens(target, steps: int = 300) -> torch.Tensor:
@@ -151,13 +153,16 @@ def smollm2():
 def drafters(target):
     """A random drafter with large weights (its proposals vary with the context), and the
     trained drafter when the repo ships one (it accepts tokens, so partial blocks are exercised)."""
-    out = [load_drafter(target, "init", "init", init={"num_layers": 1, "num_taps": 5, "seed": 3, "mask_token_id": 16}).model]
+    out = [
+        load_drafter(
+            target, "init", "init", init={"num_layers": 1, "num_taps": 5, "seed": 3, "mask_token_id": 16}
+        ).model
+    ]
     out[0].init_weights(3, std=0.3)
     fixed = ROOT / "checkpoints" / "fixed"
     if fixed.is_dir():
         out.append(load_drafter(target, "training", "fixed", run_dir=str(fixed)).model.float())
     return out
-
 
 
 @pytest.mark.slow
@@ -175,7 +180,11 @@ def test_replay_equals_online_loop(smollm2, prompt_idx, anchors, tf_stride):
         assert [b.accepted for b in blocks] == [b.accepted for b in online.blocks]
         # the visited mode's lazy LM head drafts a prefix of the block: the slots the verify step reads
         assert [b.proposal for b in blocks] == [o.proposal[: len(b.proposal)] for b, o in zip(blocks, online.blocks)]
-        assert anchors == "visited" and tf_stride > 1 or [b.proposal for b in blocks] == [b.proposal for b in online.blocks]
+        assert (
+            anchors == "visited"
+            and tf_stride > 1
+            or [b.proposal for b in blocks] == [b.proposal for b in online.blocks]
+        )
         assert loop_counters(c) == loop_counters(online.counters)  # one step counter (metrics.count_step) for both
         assert len({tuple(b.proposal) for b in blocks}) > 1, "proposals should depend on the context"
 
@@ -188,9 +197,19 @@ def test_online_bench_with_no_verify_step_leaves_tau_and_the_step_time_undefined
     drafter = make_drafter(qwen3_target, num_layers=1, num_taps=3, block_size=4, seed=3)
     o = bench_online(qwen3_target, drafter, [PROMPT, [20, 21, 22]], 1, compile=False, hf_static=False)
     assert o.rate("dflash").tokens == 2 and o.step_ms["draft"] > 0 and o.step_ms["target_step"] > 0
-    assert o.tau is None and o.step_ms["dflash_step"] is None and o.step_ms["host"] is None and o.predicted_tok_s(3.0) is None
+    assert (
+        o.tau is None
+        and o.step_ms["dflash_step"] is None
+        and o.step_ms["host"] is None
+        and o.predicted_tok_s(3.0) is None
+    )
     text = format_online(o)
     assert "tok/s at τ - (same output" in text and "DFlash - ms = draft" in text and "+ host -;" in text
     assert "τ 1.8: - tok/s (-x target-only)" in text
     ran = bench_online(qwen3_target, drafter, [PROMPT], 8, compile=False, hf_static=False)
-    assert ran.tau >= 1 and ran.step_ms["dflash_step"] > 0 and ran.predicted_tok_s(3.0) > 0 and " - " not in format_online(ran)
+    assert (
+        ran.tau >= 1
+        and ran.step_ms["dflash_step"] > 0
+        and ran.predicted_tok_s(3.0) > 0
+        and " - " not in format_online(ran)
+    )

@@ -14,9 +14,15 @@ def _pack(tmp_path: Path, sizes: dict[str, int], max_mb: float) -> tuple[Path, s
     out.mkdir()
     for rel, n in sizes.items():
         (root / rel).mkdir(parents=True)
-        (root / rel / "model.safetensors").write_bytes(random.Random(n).randbytes(n))  # incompressible, as bf16 weights nearly are
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "pack_out.py"), str(out), str(root), *sizes, "--max-mb", str(max_mb)],
-                       capture_output=True, text=True, check=True)
+        (root / rel / "model.safetensors").write_bytes(
+            random.Random(n).randbytes(n)
+        )  # incompressible, as bf16 weights nearly are
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pack_out.py"), str(out), str(root), *sizes, "--max-mb", str(max_mb)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out, r.stdout
 
 
@@ -29,7 +35,9 @@ def test_small_paths_share_archives_and_a_large_one_comes_back_in_parts_that_joi
     with tarfile.open(out / "pack0.tgz") as t:
         assert {"ckpt/a/step_1/model.safetensors", "ckpt/b/step_1/model.safetensors"} <= set(t.getnames())
     joined = tmp_path / "joined.tgz"
-    joined.write_bytes(b"".join((out / n).read_bytes() for n in sorted(files[1:], key=lambda n: int(n.rsplit(".", 1)[1]))))
+    joined.write_bytes(
+        b"".join((out / n).read_bytes() for n in sorted(files[1:], key=lambda n: int(n.rsplit(".", 1)[1])))
+    )
     with tarfile.open(joined) as t:
         got = t.extractfile("ckpt/big/step_9/model.safetensors").read()
     assert got == (tmp_path / "root/ckpt/big/step_9/model.safetensors").read_bytes()

@@ -47,11 +47,19 @@ def test_num_prompts_takes_every_subset_in_turn():
     assert load_prompts("builtin", num_prompts=12) == load_prompts("builtin", num_prompts=99) == every  # all: unchanged
     assert [p.id for p in load_prompts("builtin", num_prompts=2, subsets=["fresh"])] == ["fresh-1", "fresh-2"]
     # one subset (HumanEval): the first N, as before
-    assert [p.id for p in load_prompts("humaneval_complete", num_prompts=3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert [p.id for p in load_prompts("humaneval_complete", num_prompts=3)] == [
+        "HumanEval/0",
+        "HumanEval/1",
+        "HumanEval/2",
+    ]
 
 
 def test_round_robin_with_uneven_subsets():
-    ps = [Prompt(id=f"{s}{i}", subset=s, messages=(("user", "x"),)) for s, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
+    ps = [
+        Prompt(id=f"{s}{i}", subset=s, messages=(("user", "x"),))
+        for s, n in (("a", 3), ("b", 1), ("c", 2))
+        for i in range(n)
+    ]
     ps = ps[1:2] + ps[:1] + ps[2:]  # file order a1 a0 a2 b0 c0 c1: selection follows it, not the ids
     assert [p.id for p in round_robin(ps, 4)] == ["a1", "b0", "c0", "a0"]
     assert [p.id for p in round_robin(ps, 6)] == ["a1", "b0", "c0", "a0", "c1", "a2"]
@@ -67,7 +75,11 @@ def test_jsonl_prompt_and_messages(tmp_path):
         [
             {"prompt": "hello there"},
             "",  # blank lines are skipped
-            {"id": "chat-1", "subset": "chat", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]},
+            {
+                "id": "chat-1",
+                "subset": "chat",
+                "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            },
             {"id": 7, "prompt": "third"},
         ],
     )
@@ -123,7 +135,9 @@ def test_empty_after_subset_filter(tmp_path):
 
 
 def test_duplicate_ids(tmp_path):
-    path = _write(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}])
+    path = _write(
+        tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}]
+    )
     with pytest.raises(PromptError, match=r"unique.*\['a'\]"):
         load_prompts("jsonl", path=str(path))
     # an explicit id equal to another line's default (its index) collides too

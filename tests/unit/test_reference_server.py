@@ -38,7 +38,9 @@ class Fake:
         self.posts: list[dict] = []
         self.fault = lambda kind, body: None
         self.answers: dict[tuple, list[int]] = {}  # prompt -> completion, overriding honest()
-        self.spec = lambda kind, ids, comp: {}  # speculative counters merged into the answer (meta_info / the vLLM answer)
+        self.spec = (
+            lambda kind, ids, comp: {}
+        )  # speculative counters merged into the answer (meta_info / the vLLM answer)
         self.ids_field = "output_ids"  # SGLang's field for the completion's ids (older releases: token_ids)
 
 
@@ -57,10 +59,16 @@ def serve(fake: Fake):
         def do_GET(self):
             if self.path == "/get_model_info":
                 return self.reply(
-                    200, "application/json", json.dumps({"model_path": fake.model, "is_generation": True, "weight_version": "default"}).encode()
+                    200,
+                    "application/json",
+                    json.dumps({"model_path": fake.model, "is_generation": True, "weight_version": "default"}).encode(),
                 )
             if self.path == "/v1/models":
-                return self.reply(200, "application/json", json.dumps({"data": [{"id": m, "root": f"/models/{m}"} for m in fake.served]}).encode())
+                return self.reply(
+                    200,
+                    "application/json",
+                    json.dumps({"data": [{"id": m, "root": f"/models/{m}"} for m in fake.served]}).encode(),
+                )
             self.reply(404, "application/json", b'{"detail": "Not Found"}')
 
         def do_POST(self):
@@ -107,7 +115,11 @@ def serve(fake: Fake):
                 ans = {
                     "text": "...",
                     fake.ids_field: comp,
-                    "meta_info": {"finish_reason": finish, "completion_tokens": len(comp), **fake.spec(kind, ids, comp)},
+                    "meta_info": {
+                        "finish_reason": finish,
+                        "completion_tokens": len(comp),
+                        **fake.spec(kind, ids, comp),
+                    },
                 }
             else:
                 choice = {
@@ -157,31 +169,66 @@ def test_sglang_references_checked_cached_and_keyed_by_the_served_model(qwen3_ta
     _, st = refs_of(qwen3_target, tmp_path, fake, refresh=True)
     assert st.generated == 3 and len(fake.posts) == 9
     fake.model = "org/model-a"
-    _, st = get_references(qwen3_target, PROMPTS, 6, {}, tmp_path, source="sglang", url=fake.url + "/", **FAST)  # another spelling of the URL
+    _, st = get_references(
+        qwen3_target, PROMPTS, 6, {}, tmp_path, source="sglang", url=fake.url + "/", **FAST
+    )  # another spelling of the URL
     assert st.hits == 3
 
 
 def reply(status, ctype, text):
-    return lambda kind, body: (status, ctype, text.encode()) if body.get("input_ids", body.get("prompt")) == PROMPTS[1] else None
+    return (
+        lambda kind, body: (status, ctype, text.encode())
+        if body.get("input_ids", body.get("prompt")) == PROMPTS[1]
+        else None
+    )
 
 
 def answer(**fields):
-    return reply(200, "application/json", json.dumps({"text": "", "meta_info": {"finish_reason": {"type": "length"}}, **fields}))
+    return reply(
+        200, "application/json", json.dumps({"text": "", "meta_info": {"finish_reason": {"type": "length"}}, **fields})
+    )
 
 
 FAULTS = {
     "too long": (answer(output_ids=[11] * 7), "has 7 tokens, more than max_new_tokens=6"),
-    "out of vocabulary": (answer(output_ids=[11, 300, 12, 13, 14, 15]), "token id 300, outside the target's vocabulary"),
-    "short, no stop token": (answer(output_ids=[11, 12]), "stops after 2 of 6 tokens at token 12, not at one of the target's stop tokens"),
+    "out of vocabulary": (
+        answer(output_ids=[11, 300, 12, 13, 14, 15]),
+        "token id 300, outside the target's vocabulary",
+    ),
+    "short, no stop token": (
+        answer(output_ids=[11, 12]),
+        "stops after 2 of 6 tokens at token 12, not at one of the target's stop tokens",
+    ),
     "empty": (answer(output_ids=[]), "is empty"),
-    "past the stop token": (answer(output_ids=[11, EOS, 12, 13, 14, 15]), "goes on past the stop token 2 at position 1"),
+    "past the stop token": (
+        answer(output_ids=[11, EOS, 12, 13, 14, 15]),
+        "goes on past the stop token 2 at position 1",
+    ),
     "fields missing": (answer(text="hello"), "no output_ids"),
-    "HTML": (reply(200, "text/html", "<html><body><h1>Bad gateway</h1> proxy says hi</body></html>"), "not JSON: '<html><body><h1>Bad gateway"),
-    "4xx with a body": (reply(400, "application/json", '{"error": "input_ids too long for this model"}'), "HTTP 400: .*input_ids too long"),
-    "500 every time": (reply(500, "text/plain", "CUDA out of memory"), "after 4 attempt.*HTTP 500: 'CUDA out of memory'"),
-    "reset every time": (lambda kind, body: "reset" if body["input_ids"] == PROMPTS[1] else None, "did not answer after 4 attempt"),
-    "slow trickle": (lambda kind, body: "trickle" if body["input_ids"] == PROMPTS[1] else None, "did not complete within references.deadline_s=0.5"),
-    "silent": (lambda kind, body: "silent" if body["input_ids"] == PROMPTS[1] else None, "sent nothing for references.read_timeout_s=0.3"),
+    "HTML": (
+        reply(200, "text/html", "<html><body><h1>Bad gateway</h1> proxy says hi</body></html>"),
+        "not JSON: '<html><body><h1>Bad gateway",
+    ),
+    "4xx with a body": (
+        reply(400, "application/json", '{"error": "input_ids too long for this model"}'),
+        "HTTP 400: .*input_ids too long",
+    ),
+    "500 every time": (
+        reply(500, "text/plain", "CUDA out of memory"),
+        "after 4 attempt.*HTTP 500: 'CUDA out of memory'",
+    ),
+    "reset every time": (
+        lambda kind, body: "reset" if body["input_ids"] == PROMPTS[1] else None,
+        "did not answer after 4 attempt",
+    ),
+    "slow trickle": (
+        lambda kind, body: "trickle" if body["input_ids"] == PROMPTS[1] else None,
+        "did not complete within references.deadline_s=0.5",
+    ),
+    "silent": (
+        lambda kind, body: "silent" if body["input_ids"] == PROMPTS[1] else None,
+        "sent nothing for references.read_timeout_s=0.3",
+    ),
 }
 LIMITS = {"slow trickle": {"deadline_s": 0.5}, "silent": {"read_timeout_s": 0.3}}  # the trickle lasts 10 s
 
@@ -218,7 +265,9 @@ def test_500_then_ok_succeeds_on_a_retry(qwen3_target, tmp_path, fake, caplog):
 
 def test_server_down_is_a_clear_error(qwen3_target, tmp_path):
     with pytest.raises(ReferenceError, match="did not answer"):
-        get_references(qwen3_target, PROMPTS[:1], 3, {}, tmp_path, source="sglang", url="http://127.0.0.1:9", backoff_s=0.01)
+        get_references(
+            qwen3_target, PROMPTS[:1], 3, {}, tmp_path, source="sglang", url="http://127.0.0.1:9", backoff_s=0.01
+        )
 
 
 def test_openai_model_is_checked_before_the_target_loads(qwen3_dir, tmp_path, fake):
@@ -228,8 +277,14 @@ def test_openai_model_is_checked_before_the_target_loads(qwen3_dir, tmp_path, fa
     for model, what in [(None, "needs references.model"), ("tiny-typo", "references.model='tiny-typo' is not served")]:
         with pytest.raises(ReferenceError, match=what + r".* serves \['other', 'tiny'\]"):
             check_references(info, PROMPTS, 6, {}, tmp_path, "float32", source="openai", url=fake.url, model=model)
-    plan = check_references(info, PROMPTS, 6, {}, tmp_path, "float32", source="openai", url=fake.url + "/v1", model="tiny")
-    assert plan.server.reported == {"model": "tiny", "root": "/models/tiny", "owned_by": None} and plan.missing == [0, 1, 2]
+    plan = check_references(
+        info, PROMPTS, 6, {}, tmp_path, "float32", source="openai", url=fake.url + "/v1", model="tiny"
+    )
+    assert plan.server.reported == {"model": "tiny", "root": "/models/tiny", "owned_by": None} and plan.missing == [
+        0,
+        1,
+        2,
+    ]
     assert not fake.posts
 
 
@@ -237,20 +292,31 @@ def test_openai_model_is_checked_before_the_target_loads(qwen3_dir, tmp_path, fa
 def test_openai_token_ids_or_retokenized_text(qwen3_target, tmp_path, fake, token_ids):
     if not token_ids:  # a server that refuses the field: the text is re-tokenized, EOS put back
         fake.fault = (
-            lambda kind, body: (400, "application/json", b'{"error": "unknown field return_token_ids"}') if body.get("return_token_ids") else None
+            lambda kind, body: (400, "application/json", b'{"error": "unknown field return_token_ids"}')
+            if body.get("return_token_ids")
+            else None
         )
     refs, st = refs_of(qwen3_target, tmp_path, fake, source="openai", model="tiny")
     assert refs == [honest(p, 6) for p in PROMPTS]
     assert st.retokenized == (0 if token_ids else 3) and not st.warnings
-    assert fake.posts[0]["model"] == "tiny" and fake.posts[0]["prompt"] == PROMPTS[0] and fake.posts[0]["temperature"] == 0.0
+    assert (
+        fake.posts[0]["model"] == "tiny"
+        and fake.posts[0]["prompt"] == PROMPTS[0]
+        and fake.posts[0]["temperature"] == 0.0
+    )
 
 
 def test_probe_compares_the_server_with_the_local_target(qwen3_target, tmp_path, fake):
     local = greedy_generate(qwen3_target, PROMPTS, 6)
     fake.answers = {tuple(p): r for p, r in zip(PROMPTS, local)}  # a server running the target itself
     _, st = refs_of(qwen3_target, tmp_path / "same", fake, probe_prompts=2)
-    assert st.metrics() == {"references/probe_prefix_agreement": 1.0, "references/probe_exact_match": 1.0} and not st.warnings
-    fake.answers = {tuple(PROMPTS[0]): local[0][:3] + [100 if local[0][3] != 100 else 101] + local[0][4:]}  # diverges at token 3
+    assert (
+        st.metrics() == {"references/probe_prefix_agreement": 1.0, "references/probe_exact_match": 1.0}
+        and not st.warnings
+    )
+    fake.answers = {
+        tuple(PROMPTS[0]): local[0][:3] + [100 if local[0][3] != 100 else 101] + local[0][4:]
+    }  # diverges at token 3
     _, st = refs_of(qwen3_target, tmp_path / "other", fake, probe_prompts=2)
     served = [fake.answers[tuple(PROMPTS[0])], honest(PROMPTS[1], 6)]
     agree = 3 + next(k for k, (a, b) in enumerate(zip(local[1], served[1])) if a != b)
@@ -262,10 +328,14 @@ def test_probe_compares_the_server_with_the_local_target(qwen3_target, tmp_path,
 def test_a_failure_aborts_the_requests_in_flight(qwen3_target, tmp_path, fake):
     """Three requests in flight: prompt 1's answer is bad at once, the others would take 2 s; the error
     comes without waiting for them, and nothing is cached."""
-    fake.fault = lambda kind, body: (200, "text/html", b"<html>oops</html>") if body["input_ids"] == PROMPTS[1] else "silent"
+    fake.fault = (
+        lambda kind, body: (200, "text/html", b"<html>oops</html>") if body["input_ids"] == PROMPTS[1] else "silent"
+    )
     t0 = time.monotonic()
     with pytest.raises(ReferenceError, match=r"prompt 1 \('b'\): .*not JSON"):
-        get_references(qwen3_target, PROMPTS, 6, {}, tmp_path, source="sglang", url=fake.url, names=NAMES, concurrency=3)
+        get_references(
+            qwen3_target, PROMPTS, 6, {}, tmp_path, source="sglang", url=fake.url, names=NAMES, concurrency=3
+        )
     assert time.monotonic() - t0 < 1.5
     assert not list((tmp_path / "references").rglob("*.json"))
 
@@ -275,10 +345,16 @@ def test_pipeline_checks_the_server_before_loading_the_target(qwen3_dir, tmp_pat
     from dflash.evaluation import pipeline
 
     monkeypatch.setattr(pipeline, "load_models", lambda *a, **k: pytest.fail("the target's weights were loaded"))
-    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250), drafter=DrafterSchema(kind="init"),
-                     prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
-                     references=ReferencesConfig(source="openai", url=fake.url, model=None), cache_dir=str(tmp_path))
-    with pytest.raises(ReferenceError, match=r"references=openai needs references.model: .* serves \['other', 'tiny'\]"):
+    cfg = EvalConfig(
+        target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250),
+        drafter=DrafterSchema(kind="init"),
+        prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
+        references=ReferencesConfig(source="openai", url=fake.url, model=None),
+        cache_dir=str(tmp_path),
+    )
+    with pytest.raises(
+        ReferenceError, match=r"references=openai needs references.model: .* serves \['other', 'tiny'\]"
+    ):
         pipeline.run(cfg)
 
 
@@ -301,10 +377,16 @@ def test_pipeline_with_server_references_logs_the_probe(qwen3_dir, tmp_path, fak
 
 
 def test_openai_text_with_another_token_count_warns(qwen3_target, tmp_path, fake):
-    """A server whose tokenizer is not the target's: its count of completion tokens differs from the re-tokenized text."""
-    text = {"choices": [{"text": "t40 t41", "finish_reason": "stop", "stop_reason": None}], "usage": {"completion_tokens": 5}}
+    """A server whose tokenizer is not the target's: its count of completion tokens differs from the re-tokenized
+    text."""
+    text = {
+        "choices": [{"text": "t40 t41", "finish_reason": "stop", "stop_reason": None}],
+        "usage": {"completion_tokens": 5},
+    }
     fake.fault = lambda kind, body: (200, "application/json", json.dumps(text).encode())
-    refs, st = get_references(qwen3_target, PROMPTS[:1], 6, {}, tmp_path, source="openai", url=fake.url, model="tiny", **FAST)
+    refs, st = get_references(
+        qwen3_target, PROMPTS[:1], 6, {}, tmp_path, source="openai", url=fake.url, model="tiny", **FAST
+    )
     assert refs == [[40, 41, EOS]] and st.retokenized == 1 and "tokenizer differs" in st.warnings[0]
 
 
@@ -315,7 +397,9 @@ def test_abort_wakes_a_call_blocked_after_the_headers(fake):
 
     fake.fault = lambda kind, body: "stall_body"
     client, got = Client(fake.url, ReferencesConfig(read_timeout_s=20, deadline_s=30, retries=0)), []
-    th = threading.Thread(target=lambda: got.append(pytest.raises(ReferenceError, client.post, "/generate", {"input_ids": [5]})))
+    th = threading.Thread(
+        target=lambda: got.append(pytest.raises(ReferenceError, client.post, "/generate", {"input_ids": [5]}))
+    )
     th.start()
     time.sleep(0.5)
     client.close()
@@ -350,7 +434,11 @@ SPELLINGS = {  # SGLang's three releases' spellings of the per-step counters, an
         "spec_accept_token_num": 7,
         "spec_draft_token_num": 9,
     },
-    "sglang_accepted_drafts": lambda ids, comp: {"spec_verify_ct": _steps(ids, comp), "spec_accepted_drafts": 5, "spec_proposed_drafts": 9},
+    "sglang_accepted_drafts": lambda ids, comp: {
+        "spec_verify_ct": _steps(ids, comp),
+        "spec_accepted_drafts": 5,
+        "spec_proposed_drafts": 9,
+    },
     "sglang_correct_drafts": lambda ids, comp: {
         "spec_verify_ct": _steps(ids, comp),
         "spec_num_correct_drafts": 5,
@@ -391,7 +479,8 @@ def test_served_counters_in_every_spelling_are_kept_and_cached(qwen3_target, tmp
 
 
 def test_an_older_sglang_answering_token_ids_is_read(qwen3_target, tmp_path, fake):
-    """Older SGLang releases say token_ids where newer ones say output_ids: the same references, stop tokens and counters."""
+    """Older SGLang releases say token_ids where newer ones say output_ids: the same references, stop tokens and
+    counters."""
     fake.ids_field = "token_ids"
     fake.spec = lambda kind, ids, comp: SPELLINGS["sglang_histogram"](ids, comp)  # the counters of those releases
     refs, st = refs_of(qwen3_target, tmp_path, fake)
@@ -436,8 +525,20 @@ def test_a_probe_over_no_served_token_leaves_the_agreement_undefined(qwen3_targe
     from dflash.stages.references.collect import ReferenceOptions, ReferenceStats, _probe
 
     st = ReferenceStats()
-    _probe(qwen3_target, PROMPTS, [[], [], []], 6, {}, tmp_path, ReferenceOptions(source="sglang", probe_prompts=2), NAMES, st)
-    assert st.probe_prompts == 2 and st.probe_prefix_agreement is None and st.probe_exact_match == 0.0 and not st.warnings
+    _probe(
+        qwen3_target,
+        PROMPTS,
+        [[], [], []],
+        6,
+        {},
+        tmp_path,
+        ReferenceOptions(source="sglang", probe_prompts=2),
+        NAMES,
+        st,
+    )
+    assert (
+        st.probe_prompts == 2 and st.probe_prefix_agreement is None and st.probe_exact_match == 0.0 and not st.warnings
+    )
     assert st.metrics() == {"references/probe_prefix_agreement": None, "references/probe_exact_match": 0.0}
 
 
@@ -448,11 +549,18 @@ def test_an_answer_the_run_refused_is_not_reused_and_the_fixed_server_is_asked_a
     from dflash.evaluation import pipeline
     from dflash.util.errors import EXIT_USER, UserError
 
-    stop_at_once = json.dumps({"text": "", "output_ids": [EOS], "meta_info": {"finish_reason": {"type": "stop", "matched": EOS}}}).encode()
+    stop_at_once = json.dumps(
+        {"text": "", "output_ids": [EOS], "meta_info": {"finish_reason": {"type": "stop", "matched": EOS}}}
+    ).encode()
     fake.fault = lambda kind, body: (200, "application/json", stop_at_once)
-    cfg = EvalConfig(target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250),
-                     drafter=DrafterSchema(kind="init", num_taps=2), prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
-                     references=ReferencesConfig(source="sglang", url=fake.url), cache_dir=str(tmp_path), num_samples=0)
+    cfg = EvalConfig(
+        target=TargetConfig(name="tiny", kind="hf", path=str(qwen3_dir), mask_token_id=250),
+        drafter=DrafterSchema(kind="init", num_taps=2),
+        prompts=PromptsConfig(source="builtin", num_prompts=2, max_new_tokens=8),
+        references=ReferencesConfig(source="sglang", url=fake.url),
+        cache_dir=str(tmp_path),
+        num_samples=0,
+    )
     with pytest.raises(ReferenceError, match="nothing was measured: .*their 2 cached references were removed") as e:
         pipeline.run(cfg)
     assert isinstance(e.value, UserError) and EXIT_USER == 2  # the entry points exit 2 on a UserError

@@ -27,15 +27,21 @@ def test_batched_greedy_equals_single_and_hf_generate(qwen3_target):
     single = [greedy_generate(qwen3_target, [p], 12, 1)[0] for p in PROMPTS]
     assert batched == single
     for p, out in zip(PROMPTS, single):
-        hf = qwen3_target.model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=qwen3_target.eos_ids)
-        assert hf[0, len(p):].tolist()[: len(out)] == out
+        hf = qwen3_target.model.generate(
+            torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=qwen3_target.eos_ids
+        )
+        assert hf[0, len(p) :].tolist()[: len(out)] == out
 
 
 def test_static_engine_path_reports_each_prompt(qwen3_target, monkeypatch):
     """The CUDA path (generator.Generator, per batch), run eagerly on CPU: same completions, on_done per prompt."""
     from dflash.models.engine.generator import Generator
 
-    monkeypatch.setattr(generate, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
+    monkeypatch.setattr(
+        generate,
+        "_static_engine",
+        lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling),
+    )
     seen = {}
     out = greedy_generate(qwen3_target, PROMPTS, 12, 3, on_done=lambda i, comp: seen.setdefault(i, comp))
     monkeypatch.undo()
@@ -66,7 +72,11 @@ def test_cache_reused_and_keyed_by_what_decides_it(qwen3_target, tmp_path):
     assert bf16.identity == qwen3_target.identity
     _, st = get_references(bf16, PROMPTS[:2], 8, tmpl, tmp_path)  # same weights in another dtype
     assert st.generated == 2
-    keys = {reference_key("a", "local", [1], 8, tmpl), reference_key("b", "local", [1], 8, tmpl), reference_key("a", "local", [2], 8, tmpl)}
+    keys = {
+        reference_key("a", "local", [1], 8, tmpl),
+        reference_key("b", "local", [1], 8, tmpl),
+        reference_key("a", "local", [2], 8, tmpl),
+    }
     assert len(keys) == 3
     assert not list(tmp_path.rglob("*.tmp"))  # nothing half-written left behind
 
@@ -80,12 +90,13 @@ def test_unreadable_cache_entry_is_regenerated(qwen3_target, tmp_path):
     assert again == refs and st.generated == 1
 
 
-
 def entries(root):
     return sorted((root / "references").rglob("*.json"))
 
 
-@pytest.mark.parametrize("bad", [[], [300, 2], [7, 2, 9, 2], [7, 9]])  # empty, outside the vocabulary, past EOS, short without EOS
+@pytest.mark.parametrize(
+    "bad", [[], [300, 2], [7, 2, 9, 2], [7, 9]]
+)  # empty, outside the vocabulary, past EOS, short without EOS
 def test_invalid_cached_entry_is_regenerated(qwen3_target, tmp_path, bad):
     refs, _ = get_references(qwen3_target, PROMPTS[:1], 8, {}, tmp_path)
     (entry,) = entries(tmp_path)
@@ -117,7 +128,12 @@ def test_cache_files_and_folders_follow_the_umask(qwen3_target, tmp_path, umask)
     finally:
         os.umask(old)
     (entry,) = entries(tmp_path)
-    for path, mode in [(entry, 0o666), (entry.parent, 0o777), (tmp_path / "references", 0o777), (tmp_path / "other" / "x.json", 0o666)]:
+    for path, mode in [
+        (entry, 0o666),
+        (entry.parent, 0o777),
+        (tmp_path / "references", 0o777),
+        (tmp_path / "other" / "x.json", 0o666),
+    ]:
         assert path.stat().st_mode & 0o777 == mode & ~umask, path
 
 
@@ -159,10 +175,14 @@ def make_read_only(request, monkeypatch):
     def make(root):
         tree = root / "references"
         if request.param == "immutable":
-            if not shutil.which("chattr") or subprocess.run(["chattr", "-R", "+i", str(tree)], capture_output=True).returncode:
+            if (
+                not shutil.which("chattr")
+                or subprocess.run(["chattr", "-R", "+i", str(tree)], capture_output=True).returncode
+            ):
                 pytest.skip("chattr +i does not work here")
             made.append(tree)
         else:
+
             def refuse(path, text):
                 raise OSError(errno.EROFS, "Read-only file system", str(path))
 
@@ -181,7 +201,9 @@ def test_read_only_cache_with_every_reference_warns_and_works(qwen3_target, tmp_
     assert "cannot be written" in caplog.text and "read-only" in caplog.text
 
 
-def test_read_only_cache_lacking_references_fails_before_generating(qwen3_target, qwen3_dir, tmp_path, make_read_only, monkeypatch):
+def test_read_only_cache_lacking_references_fails_before_generating(
+    qwen3_target, qwen3_dir, tmp_path, make_read_only, monkeypatch
+):
     from dflash.models.target.model import inspect_target
 
     get_references(qwen3_target, PROMPTS[:2], 6, {}, tmp_path)
@@ -220,14 +242,27 @@ def test_reference_options_are_the_schema_fields_and_keys_stay(tmp_path):
     assert ReferenceOptions(**vars(ReferencesConfig(retries=1))) == ReferenceOptions(retries=1)
     assert Client("http://127.0.0.1:9", ReferenceOptions(retries=1)).policy.retries == 1
     assert [f.name for f in fields(ReferenceOptions)][:3] == ["source", "url", "model"]
-    t = types.SimpleNamespace(identity="pinned-target", eos_ids=[2], vocab_size=100)  # all a local plan reads of the target
+    t = types.SimpleNamespace(
+        identity="pinned-target", eos_ids=[2], vocab_size=100
+    )  # all a local plan reads of the target
     greedy = check_references(t, [[5, 9, 11], [7]], 6, {"enable_thinking": False}, tmp_path, "bfloat16").keys
-    sampled = check_references(t, [[5, 9, 11], [7]], 6, {"enable_thinking": False}, tmp_path, "bfloat16",
-                               options=ReferenceOptions(temperature=1.0, top_p=0.9, top_k=5, seed=3)).keys
-    assert greedy == ["37083b6d334302119ec4fd897421a060eccad31f87dd7c56cd2745b0c9b12b15",
-                      "33fc33584f6257b2b4cf5c19f9a0ee0126b8b155c9bf5fc7dd7edc9aaf58bb54"]
-    assert sampled == ["7ecc92528c4f08f5ed6b389fc328a6c48ac7151de529307f25ce0c8e8578a5a6",
-                       "0674538aae6d30770d0790046e4e030a46fa6b46679f4f62560e9688b7ea36eb"]
+    sampled = check_references(
+        t,
+        [[5, 9, 11], [7]],
+        6,
+        {"enable_thinking": False},
+        tmp_path,
+        "bfloat16",
+        options=ReferenceOptions(temperature=1.0, top_p=0.9, top_k=5, seed=3),
+    ).keys
+    assert greedy == [
+        "37083b6d334302119ec4fd897421a060eccad31f87dd7c56cd2745b0c9b12b15",
+        "33fc33584f6257b2b4cf5c19f9a0ee0126b8b155c9bf5fc7dd7edc9aaf58bb54",
+    ]
+    assert sampled == [
+        "7ecc92528c4f08f5ed6b389fc328a6c48ac7151de529307f25ce0c8e8578a5a6",
+        "0674538aae6d30770d0790046e4e030a46fa6b46679f4f62560e9688b7ea36eb",
+    ]
 
 
 class FakeClock:
@@ -264,12 +299,20 @@ def test_generation_is_never_silent_for_15_s(qwen3_target, monkeypatch, caplog, 
     monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: terminal)
     if path == "static engine":
         monkeypatch.setattr(Generator, "_step", clock.slow(Generator._step))
-        monkeypatch.setattr(generate, "_static_engine", lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling))
+        monkeypatch.setattr(
+            generate,
+            "_static_engine",
+            lambda t, b, p, n, compile, sampling: Generator(t, b, p, n, graphs=False, sampling=sampling),
+        )
     else:
         monkeypatch.setattr(generate, "forward", clock.slow(generate.forward))
     lines, moves = [], []
     update = progress.Progress.update
-    monkeypatch.setattr(progress.Progress, "update", lambda self, n=1, **kw: (moves.append((clock(), self.n + n)), update(self, n, **kw)))
+    monkeypatch.setattr(
+        progress.Progress,
+        "update",
+        lambda self, n=1, **kw: (moves.append((clock(), self.n + n)), update(self, n, **kw)),
+    )
 
     class Lines(logging.Handler):
         def emit(self, record):

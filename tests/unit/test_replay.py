@@ -1,4 +1,5 @@
-"""The replay loop and the metrics, on hand-made proposals (no model), and the replay's refusal of non-finite activations."""
+"""The replay loop and the metrics, on hand-made proposals (no model), and the replay's refusal of non-finite
+activations."""
 
 import random
 
@@ -76,7 +77,14 @@ def test_partial_acceptance_counts():
 
 def test_metric_conventions():
     c = Counters(
-        block_size=4, steps=10, committed=25, accepted=15, drafted=30, accepted_at_pos=[8, 5, 2], tf_correct=[8, 4, 1], tf_total=[10, 10, 10]
+        block_size=4,
+        steps=10,
+        committed=25,
+        accepted=15,
+        drafted=30,
+        accepted_at_pos=[8, 5, 2],
+        tf_correct=[8, 4, 1],
+        tf_total=[10, 10, 10],
     )
     assert acceptance_length(c) == 2.5
     assert accept_rate(c) == [0.8, 0.5, 0.2]
@@ -100,8 +108,21 @@ def test_summarize_micro_macro_and_subsets():
 
 
 def test_undefined_rates_are_none_not_zero():
-    c = Counters(block_size=4, steps=5, committed=7, accepted=2, drafted=15, accepted_at_pos=[2, 0, 0], tf_correct=[3, 1, 0], tf_total=[5, 3, 0])
-    assert accept_rate_cond(c) == [0.4, 0.0, None]  # slot 3: no step reached it (0/0), slot 2: reached twice, never accepted
+    c = Counters(
+        block_size=4,
+        steps=5,
+        committed=7,
+        accepted=2,
+        drafted=15,
+        accepted_at_pos=[2, 0, 0],
+        tf_correct=[3, 1, 0],
+        tf_total=[5, 3, 0],
+    )
+    assert accept_rate_cond(c) == [
+        0.4,
+        0.0,
+        None,
+    ]  # slot 3: no step reached it (0/0), slot 2: reached twice, never accepted
     assert accuracy(c)[2] is None and expected_acceptance_length(accuracy(c)) == pytest.approx(1 + 0.6 + 0.6 / 3)
     assert commit_share(c) == [0.0] * 4 and acceptance_length(Counters(block_size=4)) is None
     rows = position_table(c)
@@ -129,7 +150,11 @@ def test_nll_confidence_and_overconfidence():
     m = summarize([("x", c)])
     assert m["nll_mean"] == pytest.approx(2.4 / 3)
     curves = position_curves(c)
-    assert curves["nll"][0] == pytest.approx(0.2) and curves["confidence"][1] == pytest.approx(0.8) and curves["nll"][2] is None
+    assert (
+        curves["nll"][0] == pytest.approx(0.2)
+        and curves["confidence"][1] == pytest.approx(0.8)
+        and curves["nll"][2] is None
+    )
     assert m["overconfidence"] == pytest.approx((2.2 - 2) / 3)
 
 
@@ -144,7 +169,8 @@ def test_non_finite_drafter_activations_fail_the_run(qwen3_target, make_drafter)
 
 
 def test_a_one_token_reference_has_no_verify_step(qwen3_target, make_drafter):
-    """A reference of one token (the target ends at once: EOS first) leaves no anchor: no step, τ undefined, no crash."""
+    """A reference of one token (the target ends at once: EOS first) leaves no anchor: no step, τ undefined, no
+    crash."""
     d = make_drafter(qwen3_target, num_layers=1, num_taps=2, block_size=4)
     x, r = [3, 5, 7, 9], [2]
     taps = tapped_forward(qwen3_target, torch.tensor([x + r]), d.cfg.target_layer_ids)[0]
@@ -160,9 +186,14 @@ def test_a_run_that_measured_nothing_is_an_error_and_some_prompts_without_a_step
     from dflash.util.errors import ReferenceError
 
     def result(pid, steps, ref):
-        return PromptResult(Prompt(pid, "all", (("user", "x"),)), [1, 2], ref, Counters(block_size=4, steps=steps, prompts=1), [])
+        return PromptResult(
+            Prompt(pid, "all", (("user", "x"),)), [1, 2], ref, Counters(block_size=4, steps=steps, prompts=1), []
+        )
 
-    with pytest.raises(ReferenceError, match=r"nothing was measured: 2 of 2 prompts had no verify step: a \(1 new token\), b \(1 new token\)"):
+    with pytest.raises(
+        ReferenceError,
+        match=r"nothing was measured: 2 of 2 prompts had no verify step: a \(1 new token\), b \(1 new token\)",
+    ):
         check_measured([result("a", 0, [2]), result("b", 0, [2])], "sglang")
     (w,) = check_measured([result("a", 3, [5, 6, 2]), result("b", 0, [2])], "sglang")
     assert "1 of 2 prompts had no verify step: b (1 new token)" in w

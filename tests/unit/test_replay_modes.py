@@ -42,9 +42,14 @@ def accepting_reference(target, drafter, prompt: list[int], n_new: int, seed: in
 
 @pytest.fixture(scope="module")
 def cases(qwen3_target, make_drafter):
-    """A drafter (and a sliding-window one) with three prompts of different lengths and references it partly predicts."""
+    """A drafter (and a sliding-window one) with three prompts of different lengths and references it partly
+    predicts."""
     d = make_drafter(qwen3_target, num_layers=2, block_size=B, seed=1, std=0.2)
-    sw = DFlashDrafter(replace(d.cfg, layer_types=["sliding_attention", "full_attention"], sliding_window=5)).init_weights(1, std=0.2).eval()
+    sw = (
+        DFlashDrafter(replace(d.cfg, layer_types=["sliding_attention", "full_attention"], sliding_window=5))
+        .init_weights(1, std=0.2)
+        .eval()
+    )
     rng = random.Random(0)
     out = []
     for drafter in (d, sw):
@@ -73,7 +78,9 @@ def test_visited_equals_all(qwen3_target, cases, which, stride, chunk, scores):
     for (ce, be), (cv, bv), (x, r, _) in zip(exact, visited, items):
         assert loop_counters(cv) == loop_counters(ce)
         assert [(b.anchor_pos, b.accepted) for b in bv] == [(b.anchor_pos, b.accepted) for b in be]
-        for b_v, b_e in zip(bv, be):  # the lazy head's proposal: a prefix of the full one, through the first rejected slot
+        for b_v, b_e in zip(
+            bv, be
+        ):  # the lazy head's proposal: a prefix of the full one, through the first rejected slot
             assert b_v.proposal == b_e.proposal[: len(b_v.proposal)]
             assert len(b_v.proposal) >= min(b_e.accepted + 1, len(x) + len(r) - 1 - b_e.anchor_pos, B - 1)
         assert (cv.tf_correct, cv.tf_total) == (ce.tf_correct, ce.tf_total)
@@ -84,29 +91,46 @@ def test_visited_equals_all(qwen3_target, cases, which, stride, chunk, scores):
 def test_passes_pack_whole_prompts_and_split_long_ones():
     from dflash.stages.replay.drafts import _passes
 
-    assert _passes([40, 25, 0, 33], 100) == [[(0, 0, 40), (1, 0, 25)], [(3, 0, 33)]]  # 3 x 40 > 100: the third starts a pass
-    assert _passes([5, 12, 3], 8) == [[(0, 0, 5)], [(1, 0, 8)], [(1, 8, 12)], [(2, 0, 3)]]  # 2 x 5 > 8; 12 > 8: split alone
+    assert _passes([40, 25, 0, 33], 100) == [
+        [(0, 0, 40), (1, 0, 25)],
+        [(3, 0, 33)],
+    ]  # 3 x 40 > 100: the third starts a pass
+    assert _passes([5, 12, 3], 8) == [
+        [(0, 0, 5)],
+        [(1, 0, 8)],
+        [(1, 8, 12)],
+        [(2, 0, 3)],
+    ]  # 2 x 5 > 8; 12 > 8: split alone
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["full", "sliding"])
 @pytest.mark.parametrize("scores, see_anchor", [(False, False), (True, False), (False, True)])
-def test_prompts_packed_in_one_pass_equal_one_prompt_per_pass(qwen3_target, cases, monkeypatch, which, scores, see_anchor):
+def test_prompts_packed_in_one_pass_equal_one_prompt_per_pass(
+    qwen3_target, cases, monkeypatch, which, scores, see_anchor
+):
     """`all`: the group's prompts in one drafter pass (a large anchors_per_chunk: how CUDA runs a small drafter),
     its LM head in pieces of one anchor, and each prompt alone split over passes of 3 anchors: the same counters,
     teacher-forced counters and blocks."""
     from dflash.stages.replay import drafts
 
     drafter, items = cases[which]
-    split = [run(qwen3_target, drafter, [it], anchors="all", chunk=3, scores=scores, see_anchor=see_anchor)[0] for it in items]
+    split = [
+        run(qwen3_target, drafter, [it], anchors="all", chunk=3, scores=scores, see_anchor=see_anchor)[0]
+        for it in items
+    ]
     packed = run(qwen3_target, drafter, items, anchors="all", chunk=1000, scores=scores, see_anchor=see_anchor)
     monkeypatch.setattr(drafts, "HEAD_BYTES", 1)
     pieces = run(qwen3_target, drafter, items, anchors="all", chunk=1000, scores=scores, see_anchor=see_anchor)
     for (cs, bs), (cp, bp), (cq, bq) in zip(split, packed, pieces):
         for c, b in ((cp, bp), (cq, bq)):
             assert loop_counters(c) == loop_counters(cs) and (c.tf_correct, c.tf_total) == (cs.tf_correct, cs.tf_total)
-            assert [(x.anchor_pos, x.accepted, x.proposal) for x in b] == [(x.anchor_pos, x.accepted, x.proposal) for x in bs]
+            assert [(x.anchor_pos, x.accepted, x.proposal) for x in b] == [
+                (x.anchor_pos, x.accepted, x.proposal) for x in bs
+            ]
             if scores:
-                assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(cs.tf_conf, rel=1e-5)
+                assert c.tf_nll == pytest.approx(cs.tf_nll, rel=1e-5) and c.tf_conf == pytest.approx(
+                    cs.tf_conf, rel=1e-5
+                )
 
 
 def test_stride_counts_every_sth_anchor(qwen3_target, cases):
@@ -126,7 +150,9 @@ def test_lockstep_group_equals_one_prompt_at_a_time(qwen3_target, cases):
     alone = [run(qwen3_target, drafter, [it], anchors="visited", tf_stride=7)[0] for it in items]
     for (ct, bt), (ca, ba) in zip(together, alone):
         assert loop_counters(ct) == loop_counters(ca) and (ct.tf_correct, ct.tf_total) == (ca.tf_correct, ca.tf_total)
-        assert [(b.anchor_pos, b.accepted, b.proposal) for b in bt] == [(b.anchor_pos, b.accepted, b.proposal) for b in ba]
+        assert [(b.anchor_pos, b.accepted, b.proposal) for b in bt] == [
+            (b.anchor_pos, b.accepted, b.proposal) for b in ba
+        ]
 
 
 def test_leak_probe_mode_agrees(qwen3_target, cases):

@@ -43,10 +43,16 @@ def test_a_structured_header_gives_command_machine_and_date_and_only_the_summary
         "# a note\n"
         "[10:00:01] replay: at 3/9 tok in 10.0 s\n"
         "sweep of 2 checkpoints:\n  single run A\n"
-        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: boom\n"
-        "== summary\nbench on 2 CPU threads\nsweep of 2 checkpoints:\n  single run A\n\nrc=0\n", encoding="utf-8")
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: boom\n'
+        "== summary\nbench on 2 CPU threads\nsweep of 2 checkpoints:\n  single run A\n\nrc=0\n",
+        encoding="utf-8",
+    )
     (e,) = page.read_entries(tmp_path)
-    assert (e.command, e.machine, e.date) == ("python -m dflash.bench --online 4", "2 CPU cores", "2021-03-04 10:00 UTC")
+    assert (e.command, e.machine, e.date) == (
+        "python -m dflash.bench --online 4",
+        "2 CPU cores",
+        "2021-03-04 10:00 UTC",
+    )
     assert e.notes == ("# a note",)
     assert e.quoted == ("== summary", "bench on 2 CPU threads", "sweep of 2 checkpoints:", "  single run A")
 
@@ -57,7 +63,9 @@ def test_an_old_log_takes_date_and_machine_from_its_name_and_quotes_result_block
         "== online\n[02:38:25] generate: 5 prompts\n"
         "/x/compile_fx.py:322: UserWarning: tf32\n  warnings.warn(\n"
         "online, batch 1:\n  target-only A\n  per step B\n"
-        "== done\n", encoding="utf-8")
+        "== done\n",
+        encoding="utf-8",
+    )
     (tmp_path / "notes_2020-01-03.md").write_text("**a record**\n\n| a | b |\n", encoding="utf-8")
     (tmp_path / "data.csv").write_text("a,b\n", encoding="utf-8")
     entries = {e.name: e for e in page.read_entries(tmp_path)}
@@ -89,8 +97,13 @@ def test_docs_training_results_md_is_what_its_generator_writes(tmp_path, monkeyp
     (tmp_path / "README.md").write_text((ROOT / "README.md").read_text())
     monkeypatch.setattr(sys, "argv", ["training_results.py"])  # every round, as `make results` runs it
     mod.main()
-    assert (tmp_path / "training_results.md").read_text() == (ROOT / "docs" / "training_results.md").read_text(), \
+    assert (tmp_path / "training_results.md").read_text() == (ROOT / "docs" / "training_results.md").read_text(), (
         "docs/training_results.md is stale: run `make results`"
-    assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text(), "README.md's training results are stale: run `make results`"
-    assert "| builtin, fresh | fixed@step_1800 | final_layer@step_1800 |" in (tmp_path / "README.md").read_text()  # a bug's paired gap
+    )
+    assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text(), (
+        "README.md's training results are stale: run `make results`"
+    )
+    assert (
+        "| builtin, fresh | fixed@step_1800 | final_layer@step_1800 |" in (tmp_path / "README.md").read_text()
+    )  # a bug's paired gap
     assert "| fixed @1800 |" in (tmp_path / "training_results.md").read_text()  # the round's evaluations are on it

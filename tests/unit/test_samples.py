@@ -125,7 +125,16 @@ def test_html_marks_accepted_rejected_and_bonus(byte_tok):
     _, _, rec = _run(byte_tok, "abcdefg", wrong={0: 3})
     page = samples_html([rec], "run<1>")
     spans = parse(page).spans
-    assert spans == [("pre", "a"), ("acc", "b"), ("acc", "c"), ("rej", "#"), ("bonus", "d"), ("acc", "e"), ("acc", "f"), ("acc", "g")]
+    assert spans == [
+        ("pre", "a"),
+        ("acc", "b"),
+        ("acc", "c"),
+        ("rej", "#"),
+        ("bonus", "d"),
+        ("acc", "e"),
+        ("acc", "f"),
+        ("acc", "g"),
+    ]
     for cls in ("acc", "rej", "bonus", "pre"):  # each class has its own colour, and the legend shows it
         assert re.search(rf"\.{cls} {{ background: #[0-9a-f]{{6}}", CSS)
         assert '<p class="legend">' in page and f'<span class="{cls}">' in page.split("</p>")[0]
@@ -134,7 +143,8 @@ def test_html_marks_accepted_rejected_and_bonus(byte_tok):
 
 
 def test_a_prompt_without_a_verify_step_shows_tau_undefined(byte_tok):
-    """A one-token reference comes from the prefill alone: no verify step, τ None, shown "-" in the contents and the heading, never 0."""
+    """A one-token reference comes from the prefill alone: no verify step, τ None, shown "-" in the contents and the
+    heading, never 0."""
     c, _, rec = _run(byte_tok, "a")
     assert c.steps == 0 and rec.acceptance_length is None and rec.blocks == []
     page = samples_html([rec])
@@ -162,10 +172,29 @@ def test_artifacts_are_json_and_self_contained_html(byte_tok):
 
     _, _, rec = _run(byte_tok, "abc é", wrong={0: 1})
     files = artifacts([rec, rec], title="t")
-    want = {"id": "p<1>", "subset": "fresh", "prompt": "hi", "prompt_tokens": 2, "reference": "abc é", "reference_pieces": rec.reference_pieces,
-            "acceptance_length": rec.acceptance_length, "steps": rec.steps, "blocks": [dataclasses.asdict(b) for b in rec.blocks]}
-    assert list(want["blocks"][0]) == ["anchor_pos", "proposal", "proposal_ids", "accepted", "bonus", "unary", "reranked"]  # last two: DFlash2
-    assert [list(d.items()) for d in json.loads(files["samples.json"])] == [list(want.items())] * 2  # the keys in samples.json's order
+    want = {
+        "id": "p<1>",
+        "subset": "fresh",
+        "prompt": "hi",
+        "prompt_tokens": 2,
+        "reference": "abc é",
+        "reference_pieces": rec.reference_pieces,
+        "acceptance_length": rec.acceptance_length,
+        "steps": rec.steps,
+        "blocks": [dataclasses.asdict(b) for b in rec.blocks],
+    }
+    assert list(want["blocks"][0]) == [
+        "anchor_pos",
+        "proposal",
+        "proposal_ids",
+        "accepted",
+        "bonus",
+        "unary",
+        "reranked",
+    ]  # last two: DFlash2
+    assert [list(d.items()) for d in json.loads(files["samples.json"])] == [
+        list(want.items())
+    ] * 2  # the keys in samples.json's order
     page = files["samples.html"].decode()
     assert page.startswith("<!doctype html>") and '<meta charset="utf-8">' in page
     assert not re.search(r"(src|href)=\"(?!#)", page)  # no external resource: only in-page links

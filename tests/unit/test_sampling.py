@@ -63,11 +63,12 @@ def test_seed_and_temperature_are_in_the_cache_key(qwen3_target, tmp_path):
     assert back == greedy and st.hits == 2  # greedy keys unchanged
 
 
-@pytest.mark.parametrize("key,value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("seed", -1)])
+@pytest.mark.parametrize(
+    "key,value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("seed", -1)]
+)
 def test_options_validated_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=f"references.{key}="):
         ReferenceOptions(**{key: value}).validate(8)
-
 
 
 def test_replay_on_a_sampled_reference_equals_the_online_loop_under_zlabs_rule(qwen3_target, make_drafter):
@@ -86,5 +87,9 @@ def test_replay_on_a_sampled_reference_equals_the_online_loop_under_zlabs_rule(q
         assert online.tokens == ref
         taps = tapped_forward(qwen3_target, torch.tensor([x + ref]), drafter.cfg.target_layer_ids)[0]
         c, blocks = evaluate_sequence(drafter, qwen3_target, x, ref, taps)
-        assert [(b.anchor_pos, b.accepted, b.proposal) for b in blocks] == [(b.anchor_pos, b.accepted, b.proposal) for b in online.blocks]
-        assert loop_counters(c) == loop_counters(online.counters)  # one step counter for both, committed_uncapped included
+        assert [(b.anchor_pos, b.accepted, b.proposal) for b in blocks] == [
+            (b.anchor_pos, b.accepted, b.proposal) for b in online.blocks
+        ]
+        assert loop_counters(c) == loop_counters(
+            online.counters
+        )  # one step counter for both, committed_uncapped included

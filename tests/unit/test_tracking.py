@@ -36,9 +36,18 @@ def test_reap_ends_only_runs_whose_process_is_gone(uri, capsys):
     ids = {
         "dead": _running(client, exp, "dead", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(dead.pid)}),
         "alive": _running(
-            client, exp, "alive", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: tracking.start_ticks(me) or ""}
+            client,
+            exp,
+            "alive",
+            **{
+                tracking.HOST_TAG: host,
+                tracking.PID_TAG: str(me),
+                tracking.PID_START_TAG: tracking.start_ticks(me) or "",
+            },
         ),
-        "reused pid": _running(client, exp, "reused", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: "1"}),
+        "reused pid": _running(
+            client, exp, "reused", **{tracking.HOST_TAG: host, tracking.PID_TAG: str(me), tracking.PID_START_TAG: "1"}
+        ),
         "other host": _running(client, exp, "other", **{tracking.HOST_TAG: host + "-elsewhere", tracking.PID_TAG: "1"}),
     }
     assert tracking.main(["reap", "--uri", uri]) == 0
@@ -46,8 +55,13 @@ def test_reap_ends_only_runs_whose_process_is_gone(uri, capsys):
     assert status == {"dead": "KILLED", "alive": "RUNNING", "reused pid": "KILLED", "other host": "RUNNING"}
     assert f"process {dead.pid} on {host} is gone" in client.get_run(ids["dead"]).data.tags["dflash.killed"]
     assert "2 run(s) ended KILLED" in capsys.readouterr().out
-    assert tracking.main(["reap", "--uri", uri, "--run", ids["other host"]]) == 0  # what this host cannot see, on demand
-    assert client.get_run(ids["other host"]).info.status == "KILLED" and client.get_run(ids["alive"]).info.status == "RUNNING"
+    assert (
+        tracking.main(["reap", "--uri", uri, "--run", ids["other host"]]) == 0
+    )  # what this host cannot see, on demand
+    assert (
+        client.get_run(ids["other host"]).info.status == "KILLED"
+        and client.get_run(ids["alive"]).info.status == "RUNNING"
+    )
     assert tracking.main(["reap", "--uri", uri, "--run", "0" * 32]) == 2
 
 
@@ -55,9 +69,16 @@ def test_a_run_logs_what_is_defined_and_records_its_process(uri):
     with tracking.Run(uri, "dflash/x", "d@step_1", tags={"group.drafter": "fixed", "nothing": None}) as run:
         run.log_params({"drafter": {"step": None, "kind": "training"}, "taps": [1, 2]})
         run.log_params({"drafter.step": 7, "drafter.kind": "ignored: logged already"})
-        run.log_metrics({"acceptance_length": 1.5, "undefined": None, "nan": math.nan}, curves={"by_position/accept_rate": [0.5, None, 0.1]})
+        run.log_metrics(
+            {"acceptance_length": 1.5, "undefined": None, "nan": math.nan},
+            curves={"by_position/accept_rate": [0.5, None, 0.1]},
+        )
     r = tracking.mlflow_client(uri).get_run(run.run_id)
-    assert r.info.status == "FINISHED" and r.data.params == {"drafter.kind": "training", "taps": "[1, 2]", "drafter.step": "7"}
+    assert r.info.status == "FINISHED" and r.data.params == {
+        "drafter.kind": "training",
+        "taps": "[1, 2]",
+        "drafter.step": "7",
+    }
     assert set(r.data.metrics) == {"acceptance_length", "by_position/accept_rate"}
     hist = tracking.mlflow_client(uri).get_metric_history(run.run_id, "by_position/accept_rate")
     assert sorted((m.step, m.value) for m in hist) == [(1, 0.5), (3, 0.1)]  # slot 2 undefined: no point, not 0
@@ -65,11 +86,19 @@ def test_a_run_logs_what_is_defined_and_records_its_process(uri):
     assert t["dflash.pid"] == str(os.getpid()) and t["dflash.host"] == socket.gethostname() and "nothing" not in t
     assert t["mlflow.source.git.commit"] and t["mlflow.source.git.dirty"] in ("true", "false") and "git_commit" not in t
     exp = tracking.mlflow_client(uri).get_experiment(run.experiment_id)
-    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3 opens it as model training, not GenAI
+    assert (
+        exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    )  # MLflow 3 opens it as model training, not GenAI
 
 
-@pytest.mark.parametrize("exc, status, tag", [(ValueError("boom"), "FAILED", "error"), (KeyboardInterrupt(), "KILLED", "dflash.killed"),
-                                              (Terminated("terminated by signal 15"), "KILLED", "dflash.killed")])
+@pytest.mark.parametrize(
+    "exc, status, tag",
+    [
+        (ValueError("boom"), "FAILED", "error"),
+        (KeyboardInterrupt(), "KILLED", "dflash.killed"),
+        (Terminated("terminated by signal 15"), "KILLED", "dflash.killed"),
+    ],
+)
 def test_every_exit_ends_the_run_and_a_signal_its_sweep_parent(uri, exc, status, tag):
     sweep = tracking.SweepFamily("abc123", "sweep drafter.seed=0,1", "/tmp/multi")
     with pytest.raises(type(exc)):
@@ -109,7 +138,9 @@ def test_a_signal_during_a_store_write_waits_for_the_write(uri):
     finally:
         signal.signal(signal.SIGTERM, old)
     r = tracking.mlflow_client(uri).get_run(run.run_id)
-    assert r.data.tags["written"] == "yes" and r.info.status == "FINISHED"  # the write, then the signal, outside the run's block
+    assert (
+        r.data.tags["written"] == "yes" and r.info.status == "FINISHED"
+    )  # the write, then the signal, outside the run's block
 
 
 def test_a_new_store_appears_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -184,12 +215,27 @@ def test_saved_view_puts_tau_and_curves_first_and_learns_new_subsets(uri):
     view = json.loads(tags["mlflow.sharedViewState.dflash"])
     state = json.loads(view["state"])
     assert view["name"] == "dflash: τ and curves" and "τ" in tags["mlflow.note.content"]
-    assert state["selectedColumns"][:3] == ["attributes.`Dataset`", "metrics.`acceptance_length`", "metrics.`acceptance_length_se`"]
+    assert state["selectedColumns"][:3] == [
+        "attributes.`Dataset`",
+        "metrics.`acceptance_length`",
+        "metrics.`acceptance_length_se`",
+    ]
     assert (
-        "metrics.`acceptance_length/humaneval`" in state["selectedColumns"] and "metrics.`acceptance_length/train_like`" in state["selectedColumns"]
+        "metrics.`acceptance_length/humaneval`" in state["selectedColumns"]
+        and "metrics.`acceptance_length/train_like`" in state["selectedColumns"]
     )
-    first = [c["metricKey"] for c in state["compareRunCharts"] if c["metricSectionId"] == state["compareRunSections"][0]["uuid"]]
-    assert first == ["acceptance_length", "by_position/accept_rate", "by_position/accept_rate_cond", "by_position/accuracy", "by_commit/share"]
+    first = [
+        c["metricKey"]
+        for c in state["compareRunCharts"]
+        if c["metricSectionId"] == state["compareRunSections"][0]["uuid"]
+    ]
+    assert first == [
+        "acceptance_length",
+        "by_position/accept_rate",
+        "by_position/accept_rate_cond",
+        "by_position/accuracy",
+        "by_commit/share",
+    ]
     assert state["isAccordionReordered"] and [s["display"] for s in state["compareRunSections"][:2]] == [True, True]
     assert not any(s["display"] for s in state["compareRunSections"][2:])  # the rest collapsed
 
@@ -206,12 +252,15 @@ def test_metrics_are_logged_at_full_precision(uri):
 
 
 def test_a_run_is_renamed_and_its_per_prompt_rows_read_back(uri):
-    """The run name and the per-prompt artifact's name are dflash.tracking's (evaluate.py names neither): a renamed run is found
+    """The run name and the per-prompt artifact's name are dflash.tracking's (evaluate.py names neither): a renamed run
+    is found
     by its new name, and what log_per_prompt logs is what load_per_prompt reads."""
     rows = [{"id": "p0", "steps": 3, "acceptance_length": 1.5}, {"id": "p1", "steps": 0, "acceptance_length": None}]
     with tracking.Run(uri, "dflash/x", "d@step_") as run:
         run.set_run_name("d@step_7")
         run.log_per_prompt(rows)
-    assert tracking.find_runs(uri, "d@step_7") == [(run.run_id, "d@step_7")] and tracking.find_runs(uri, "d@step_") == []
+    assert (
+        tracking.find_runs(uri, "d@step_7") == [(run.run_id, "d@step_7")] and tracking.find_runs(uri, "d@step_") == []
+    )
     assert tracking.load_per_prompt(uri, run.run_id) == rows
     assert {a.path for a in tracking.mlflow_client(uri).list_artifacts(run.run_id)} == {tracking.PER_PROMPT}

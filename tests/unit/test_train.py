@@ -1,5 +1,5 @@
 """The trainer's pieces (dflash/train/) on tiny random targets: anchors, labels, loss, schedule,
-noise, config checks, and each of the three bugs of DFLASH.md §4 by its mechanism; flex vs dense
+noise, config checks, and each of the three bugs of docs/family.md §4 by its mechanism; flex vs dense
 loss where CUDA exists (skipped on CPU). The fixtures here (tiny_target, greedy_seqs, tiny_cfg)
 serve test_train_loop.py and test_train_data.py too.
 """
@@ -34,8 +34,19 @@ def tiny_target(seed: int = 0, device: str = "cpu", head_dim: int = 8) -> Target
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    c = LlamaConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=2, pad_token_id=2)
+    c = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     m = LlamaForCausalLM(c).eval().requires_grad_(False).to(device)
     m.generation_config.eos_token_id = 2
     return Target(model=m, tokenizer=None, identity=f"tiny-{seed}", source="tiny", max_context=256)
@@ -56,15 +67,42 @@ def greedy_seqs(target: Target, n: int = 6, prompt_len: int = 5, new: int = 40, 
 
 def tiny_cfg(tmp_path: Path, **over):
     base = OmegaConf.structured(T.TrainConfig)
-    cfg = OmegaConf.merge(base, {
-        "target": {"name": "tiny", "kind": "hf", "path": "-", "max_context": 256, "default_taps": None, "mask_token_id": 5,
-                   "template": {"use_chat_template": False, "enable_thinking": False, "system_prompt": None}},
-        "device": {"name": "cpu", "dtype": "float32", "threads": None, "device_map": None},
-        "tracking": {"enabled": False, "uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": None, "artifact_location": None},
-        "drafter": {"num_layers": 1, "num_taps": 2, "intermediate_size": 48, "block_size": 4},
-        "optim": {"steps": 4, "batch_size": 3, "blocks_per_seq": 4, "max_seq_len": 64, "warmup_steps": 1, "lr": 3e-3, "attention": "sdpa"},
-        "out_dir": str(tmp_path / "runs"), "export_dir": str(tmp_path / "ckpt"), "save_every": 2, "log_every": 1, "metrics_every": 2,
-    })
+    cfg = OmegaConf.merge(
+        base,
+        {
+            "target": {
+                "name": "tiny",
+                "kind": "hf",
+                "path": "-",
+                "max_context": 256,
+                "default_taps": None,
+                "mask_token_id": 5,
+                "template": {"use_chat_template": False, "enable_thinking": False, "system_prompt": None},
+            },
+            "device": {"name": "cpu", "dtype": "float32", "threads": None, "device_map": None},
+            "tracking": {
+                "enabled": False,
+                "uri": f"sqlite:///{tmp_path}/mlflow.db",
+                "experiment": None,
+                "artifact_location": None,
+            },
+            "drafter": {"num_layers": 1, "num_taps": 2, "intermediate_size": 48, "block_size": 4},
+            "optim": {
+                "steps": 4,
+                "batch_size": 3,
+                "blocks_per_seq": 4,
+                "max_seq_len": 64,
+                "warmup_steps": 1,
+                "lr": 3e-3,
+                "attention": "sdpa",
+            },
+            "out_dir": str(tmp_path / "runs"),
+            "export_dir": str(tmp_path / "ckpt"),
+            "save_every": 2,
+            "log_every": 1,
+            "metrics_every": 2,
+        },
+    )
     return OmegaConf.merge(cfg, over)
 
 
@@ -96,7 +134,12 @@ def test_labels_are_tokens_at_anchor_plus_k():
     ids = torch.arange(100, 120)[None]  # one sequence, T = 12 real tokens, padded to 20
     lab, valid = block_labels(ids, torch.tensor([12]), torch.tensor([[4, 9]]), torch.tensor([[True, True]]), 4)
     assert lab[0, 0].tolist() == [104, 105, 106, 107] and valid[0, 0].tolist() == [False, True, True, True]
-    assert lab[0, 1].tolist() == [109, 110, 111, 112] and valid[0, 1].tolist() == [False, True, True, False]  # 12 is past T
+    assert lab[0, 1].tolist() == [109, 110, 111, 112] and valid[0, 1].tolist() == [
+        False,
+        True,
+        True,
+        False,
+    ]  # 12 is past T
 
 
 def test_loss_is_position_weighted_and_normalised():
@@ -131,7 +174,9 @@ def test_noise_touches_fc_inputs_only(target, seqs, tmp_path):
     fixed = variant_inputs(target, states, batch, model, BugsConfig(), s, torch.Generator().manual_seed(0))
     assert torch.equal(fixed.labels, fixed.clean) and fixed.slot_valid.any()
     assert not torch.equal(fixed.taps, states.select(layers)), "the fc inputs are noised"
-    bug = variant_inputs(target, states, batch, model, BugsConfig(noisy_labels=True), s, torch.Generator().manual_seed(0))
+    bug = variant_inputs(
+        target, states, batch, model, BugsConfig(noisy_labels=True), s, torch.Generator().manual_seed(0)
+    )
     assert torch.equal(bug.taps, fixed.taps) and (bug.labels != bug.clean)[bug.slot_valid].any()
     out = T.train(tiny_cfg(tmp_path, optim={"noise_std": 0.5, "steps": 1}), target=target, seqs=seqs)
     assert out["fixed"]["acc"] == out["fixed"]["acc_clean"]  # labels == greedy tokens
@@ -148,7 +193,12 @@ def test_bad_config_values_name_their_field(tmp_path):
         resolve_variants(tiny_cfg(tmp_path, variants=["fixed", "noisy_label"]))
     assert parse_variant("noisy_labels+final_layer").bugs == BugsConfig(noisy_labels=True, final_layer=True)
     v = parse_variant("fixed-dflash2-l2-t5-i1024")  # shape suffixes: drafter.* of that variant only
-    assert v.bugs == BugsConfig() and v.arch == {"arch": "dflash2", "num_layers": 2, "num_taps": 5, "intermediate_size": 1024}
+    assert v.bugs == BugsConfig() and v.arch == {
+        "arch": "dflash2",
+        "num_layers": 2,
+        "num_taps": 5,
+        "intermediate_size": 1024,
+    }
     assert parse_variant("loss_dilution-l3").bugs == BugsConfig(loss_dilution=True)
     with pytest.raises(ConfigError, match="unknown suffix -x2"):
         parse_variant("fixed-x2")
@@ -247,7 +297,9 @@ def test_flex_and_dense_masks_give_the_same_loss(see_anchor):
     losses, grads = {}, {}
     for backend in ("sdpa", "flex"):
         d.zero_grad()
-        loss = dflash_loss(tgt.lm_head(d(taps, emb, anchors, backend=backend, see_anchor=see_anchor)), labels, valid, 7.0)
+        loss = dflash_loss(
+            tgt.lm_head(d(taps, emb, anchors, backend=backend, see_anchor=see_anchor)), labels, valid, 7.0
+        )
         loss.backward()
         losses[backend], grads[backend] = loss.item(), d.fc.weight.grad.clone()
     # flex's Triton kernels may multiply fp32 in TF32: agreement to ~1e-3, not bit for bit

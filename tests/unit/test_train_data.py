@@ -74,7 +74,9 @@ def test_chat_sequences_answer_each_turn_after_the_targets_own(target, tmp_path)
     target.tokenizer = Tok()
     try:
         ps = [Prompt("a", "t", (("user", "first q"), ("user", "then"))), Prompt("b", "t", (("user", "single"),))]
-        seqs = build_chat_sequences(target, ps, {"use_chat_template": False}, 6, 64, 2, tmp_path, shard_size=4, min_response_tokens=1)
+        seqs = build_chat_sequences(
+            target, ps, {"use_chat_template": False}, 6, 64, 2, tmp_path, shard_size=4, min_response_tokens=1
+        )
         by = {s.pid: s for s in seqs}
         assert set(by) == {"a/turn_1", "a/turn_2", "b"}
         answer1 = Tok().decode(by["a/turn_1"].ids[by["a/turn_1"].prompt_len :])
@@ -133,7 +135,10 @@ def test_label_flip_stats_measure_what_bug1_does_to_the_labels(target, seqs):
     h = response_last_hidden(target, seqs)
     assert h.shape == (sum(len(s.ids) - s.prompt_len for s in seqs), H)
     normed = final_tap_is_normed(target)
-    stats = [label_flip_stats(target, h, std, normed, draws=16, gen=torch.Generator().manual_seed(0)) for std in (0.0, 0.3, 1.0)]
+    stats = [
+        label_flip_stats(target, h, std, normed, draws=16, gen=torch.Generator().manual_seed(0))
+        for std in (0.0, 0.3, 1.0)
+    ]
     assert stats[0].flip_rate == 0 and stats[0].majority_flip_rate == 0
     assert 0 < stats[1].flip_rate < stats[2].flip_rate and stats[1].majority_flip_rate <= stats[2].majority_flip_rate
     assert all(s.majority_flip_rate <= 2 * s.flip_rate + 1e-9 for s in stats)

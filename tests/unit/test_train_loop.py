@@ -29,7 +29,10 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
     from shortcuts import load_drafter
 
     cfg = tiny_cfg(
-        tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 4}, export_steps=[2]
+        tmp_path,
+        variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"],
+        optim={"noise_std": 0.3, "steps": 4},
+        export_steps=[2],
     )
     out = T.train(cfg, target=target, seqs=seqs)
     assert set(out) == {"fixed", "noisy_labels", "final_layer", "loss_dilution"}
@@ -38,7 +41,9 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
         run = tmp_path / "runs" / v
         assert (run / "step_2" / "checkpoint.pt").is_file() and (run / "step_4" / "checkpoint.pt").is_file()
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(rows[0]) and any("acc_1" in r for r in rows)  # clipping on: its norm
+        assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(rows[0]) and any(
+            "acc_1" in r for r in rows
+        )  # clipping on: its norm
         assert all(r["wall_s_per_step"] > 0 for r in rows if "acc_1" in r)
         for step in (2, 4):  # exported weights-only folders load as kind=training
             ld = load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=step)
@@ -58,7 +63,8 @@ def test_train_lockstep_checkpoints_resume_and_export(target, seqs, tmp_path):
 
 def test_warm_start_takes_an_exports_weights_and_refuses_another_shape(target, seqs, tmp_path):
     """init_from: a variant with no checkpoint starts from the latest export of the same variant (step 0 of a
-    new schedule), or with init_variant of that variant for all; an export of another shape is refused with the field named."""
+    new schedule), or with init_variant of that variant for all; an export of another shape is refused with the field
+    named."""
     from safetensors.torch import load_file
 
     from dflash.util.errors import ConfigError
@@ -66,19 +72,37 @@ def test_warm_start_takes_an_exports_weights_and_refuses_another_shape(target, s
     T.train(tiny_cfg(tmp_path / "a", optim={"steps": 2}, export_steps=[1]), target=target, seqs=seqs)
     init = str(tmp_path / "a" / "ckpt")
     T.train(tiny_cfg(tmp_path / "b", optim={"steps": 3}, init_from=init, stop_after=0), target=target, seqs=seqs)
-    a = load_file(str(tmp_path / "a" / "ckpt" / "fixed" / "step_2" / "model.safetensors"))  # the latest export, not step 1
+    a = load_file(
+        str(tmp_path / "a" / "ckpt" / "fixed" / "step_2" / "model.safetensors")
+    )  # the latest export, not step 1
     b = load_file(str(tmp_path / "b" / "ckpt" / "fixed" / "step_0" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     cold = load_file(str(tmp_path / "a" / "ckpt" / "fixed" / "step_1" / "model.safetensors"))
     assert any(not torch.equal(a[k], cold[k]) for k in a)  # the step taken mattered: a copy of step 1 would fail above
-    refused = r"init_from: .*fixed/step_2: weights do not fit the drafter .*; missing \['layers\.1\..*drafter\.\* settings"
+    refused = (
+        r"init_from: .*fixed/step_2: weights do not fit the drafter .*; missing \['layers\.1\..*drafter\.\* settings"
+    )
     with pytest.raises(ConfigError, match=refused):  # no seqs: refused before any data is made
         T.train(tiny_cfg(tmp_path / "c", optim={"steps": 2}, drafter={"num_layers": 2}, init_from=init), target=target)
     with pytest.raises(ConfigError, match="no export of variant loss_dilution"):
-        T.train(tiny_cfg(tmp_path / "d", optim={"steps": 2}, variants=["loss_dilution"], init_from=init), target=target, seqs=seqs)
+        T.train(
+            tiny_cfg(tmp_path / "d", optim={"steps": 2}, variants=["loss_dilution"], init_from=init),
+            target=target,
+            seqs=seqs,
+        )
     # init_variant: every variant starts from that one variant's export (a bug entering a run midway)
-    T.train(tiny_cfg(tmp_path / "e", optim={"steps": 3}, variants=["fixed", "loss_dilution"], init_from=init, init_variant="fixed",
-                     stop_after=0), target=target, seqs=seqs)
+    T.train(
+        tiny_cfg(
+            tmp_path / "e",
+            optim={"steps": 3},
+            variants=["fixed", "loss_dilution"],
+            init_from=init,
+            init_variant="fixed",
+            stop_after=0,
+        ),
+        target=target,
+        seqs=seqs,
+    )
     for v in ("fixed", "loss_dilution"):
         e = load_file(str(tmp_path / "e" / "ckpt" / v / "step_0" / "model.safetensors"))
         assert e.keys() == a.keys() and all(torch.equal(a[k], e[k]) for k in a)
@@ -91,14 +115,23 @@ def test_shape_variants_share_one_lockstep_run(target, seqs, tmp_path):
     and architecture, exported as the evaluator loads it; fixed is what it is when trained alone."""
     from shortcuts import load_drafter
 
-    cfg = tiny_cfg(tmp_path, variants=["fixed", "fixed-l2", "fixed-t3", "fixed-dflash2"], optim={"steps": 2},
-                   drafter={"selector_rank": 4, "selector_top_k": 4, "conv_group_size": 8})
+    cfg = tiny_cfg(
+        tmp_path,
+        variants=["fixed", "fixed-l2", "fixed-t3", "fixed-dflash2"],
+        optim={"steps": 2},
+        drafter={"selector_rank": 4, "selector_top_k": 4, "conv_group_size": 8},
+    )
     T.train(cfg, target=target, seqs=seqs)
     names = ("fixed", "fixed-l2", "fixed-t3", "fixed-dflash2")
     shapes = {v: json.loads((tmp_path / "ckpt" / v / "step_2" / "config.json").read_text()) for v in names}
     assert shapes["fixed"]["num_hidden_layers"] == 1 and shapes["fixed-l2"]["num_hidden_layers"] == 2
-    assert len(shapes["fixed"]["dflash_config"]["target_layer_ids"]) == 2 and len(shapes["fixed-t3"]["dflash_config"]["target_layer_ids"]) == 3
-    assert shapes["fixed-dflash2"]["architectures"] == ["DFlash2DraftModel"] and shapes["fixed"]["architectures"] == ["DFlashDraftModel"]
+    assert (
+        len(shapes["fixed"]["dflash_config"]["target_layer_ids"]) == 2
+        and len(shapes["fixed-t3"]["dflash_config"]["target_layer_ids"]) == 3
+    )
+    assert shapes["fixed-dflash2"]["architectures"] == ["DFlash2DraftModel"] and shapes["fixed"]["architectures"] == [
+        "DFlashDraftModel"
+    ]
     for v in shapes:
         assert load_drafter(target, "training", v, run_dir=str(tmp_path / "ckpt" / v), step=2).step == 2
     alone = tiny_cfg(tmp_path / "alone", optim={"steps": 2})
@@ -115,17 +148,24 @@ def reference_weights(cfg, target, seqs, steps: int) -> dict[str, dict[str, torc
     runs = {}
     for v in resolve_variants(cfg):
         model = init_drafter(
-            drafter_config(cfg, target, variant_layer_ids(base_layer_ids(cfg, LAYERS), LAYERS, v.bugs)), target, seed, torch.device("cpu")
+            drafter_config(cfg, target, variant_layer_ids(base_layer_ids(cfg, LAYERS), LAYERS, v.bugs)),
+            target,
+            seed,
+            torch.device("cpu"),
         )
         runs[v.name] = (model, make_optimizer(model, o, torch.device("cpu")), v.bugs)
     for step in range(steps):
         ids, seq_lens, prompt_lens = batcher.get(step)
-        anchors, block_valid = sample_anchors(prompt_lens, seq_lens, o.blocks_per_seq, torch.Generator().manual_seed(seed * 7919 + step))
+        anchors, block_valid = sample_anchors(
+            prompt_lens, seq_lens, o.blocks_per_seq, torch.Generator().manual_seed(seed * 7919 + step)
+        )
         attn = (torch.arange(ids.shape[1])[None] < seq_lens[:, None]).long()
         with torch.no_grad():
             out = forward(target, ids, attention_mask=attn, hidden_states=True)
         hidden = out.hidden_states
-        assert torch.allclose(target.lm_head(hidden[-1]), out.logits, atol=1e-5)  # hidden_states[-1] is through the final norm
+        assert torch.allclose(
+            target.lm_head(hidden[-1]), out.logits, atol=1e-5
+        )  # hidden_states[-1] is through the final norm
         for model, opt, bugs in runs.values():
             gen = torch.Generator().manual_seed(seed * 104729 + step)
             taps = noised(torch.cat([hidden[L + 1] for L in model.cfg.target_layer_ids], -1), o.noise_std, gen)
@@ -151,15 +191,23 @@ def test_trainer_equals_the_step_written_out(target, seqs, tmp_path):
     """Three lockstep steps of the four variants (noise on: bug 1's labels draw from it) give the
     same weights, bit for bit, as the step written out on the full forward; one tapped pass serves
     all four (the union of their taps, the final layer included for bug 1)."""
-    cfg = tiny_cfg(tmp_path, variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"], optim={"noise_std": 0.3, "steps": 3})
-    assert needed_layers([[1, 2], [1, 3]], LAYERS, final=False) == [1, 2, 3] and needed_layers([[0, 1]], LAYERS, final=True) == [0, 1, 3]
+    cfg = tiny_cfg(
+        tmp_path,
+        variants=["fixed", "noisy_labels", "final_layer", "loss_dilution"],
+        optim={"noise_std": 0.3, "steps": 3},
+    )
+    assert needed_layers([[1, 2], [1, 3]], LAYERS, final=False) == [1, 2, 3] and needed_layers(
+        [[0, 1]], LAYERS, final=True
+    ) == [0, 1, 3]
     T.train(cfg, target=target, seqs=seqs)
     want = reference_weights(cfg, target, seqs, 3)
     for name, sd in want.items():
         got = torch.load(tmp_path / "runs" / name / "step_3" / "checkpoint.pt", weights_only=True)["model"]
         assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd), name
         start = init_drafter(drafter_config(cfg, target, [1, 2]), target, cfg.seed, torch.device("cpu")).state_dict()
-        assert not torch.equal(got["layers.0.mlp.up_proj.weight"], start["layers.0.mlp.up_proj.weight"]), "the steps moved the weights"
+        assert not torch.equal(got["layers.0.mlp.up_proj.weight"], start["layers.0.mlp.up_proj.weight"]), (
+            "the steps moved the weights"
+        )
 
 
 def test_mlflow_one_run_per_variant(target, seqs, tmp_path):
@@ -180,11 +228,23 @@ def test_training_ratios_over_nothing_stay_undefined():
 
     from dflash.train.train_metrics import Window, summarise
 
-    w = Window(hit_own=torch.tensor([3, 0, 0]), hit_clean=torch.tensor([3, 0, 0]), count=torch.tensor([4, 2, 0]), prefix=torch.tensor([1, 0, 0]), n=1)
+    w = Window(
+        hit_own=torch.tensor([3, 0, 0]),
+        hit_clean=torch.tensor([3, 0, 0]),
+        count=torch.tensor([4, 2, 0]),
+        prefix=torch.tensor([1, 0, 0]),
+        n=1,
+    )
     s = summarise(w, 4)
     assert s["acc_1"] == 0.75 and s["acc_2"] == 0.0 and s["acc_3"] is None and s["acc_clean_3"] is None
     assert s["tf_expected_tau"] == 1 + 0.75 + 0.0  # summed up to the first undefined slot
-    assert summarise(Window(hit_own=torch.zeros(3), hit_clean=torch.zeros(3), count=torch.zeros(3), prefix=torch.zeros(3), n=1), 4)["acc"] is None
+    assert (
+        summarise(
+            Window(hit_own=torch.zeros(3), hit_clean=torch.zeros(3), count=torch.zeros(3), prefix=torch.zeros(3), n=1),
+            4,
+        )["acc"]
+        is None
+    )
     assert Window().tokens_per_s is None
 
 

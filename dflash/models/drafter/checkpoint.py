@@ -1,4 +1,4 @@
-"""Drafter checkpoints loaded in three phases: read and check, fit to the target, build (DFLASH.md §5).
+"""Drafter checkpoints loaded in three phases: read and check, fit to the target, build (docs/family.md §5).
 
 Loading runs in three phases, so a drafter that cannot work fails before the target's weights load:
 
@@ -45,7 +45,12 @@ from dflash.util.progress import log
 IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # transformers' rotary caches: recomputed from the config
 
 
-INIT_DFLASH2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # drafter=init's DFlash2 sizes
+INIT_DFLASH2 = (
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+)  # drafter=init's DFlash2 sizes
 
 
 @dataclass
@@ -56,7 +61,9 @@ class DrafterSource:
     name: str  # for run names: "<drafter>@step_<N>"
     step: int | None
     path: str | None
-    digest: Future[str] | None  # the checkpoint's sha256 over all its files, in a thread (weights.sha256_later); kind=init: None
+    digest: (
+        Future[str] | None
+    )  # the checkpoint's sha256 over all its files, in a thread (weights.sha256_later); kind=init: None
     config: DrafterConfig | None  # kind=init: None until fitted
     state_dict: dict[str, torch.Tensor] | None  # kind=init: None
     warnings: list[str] = field(default_factory=list)
@@ -87,24 +94,37 @@ def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -
         own = {k: tuple(v.shape) for k, v in DFlashDrafter(cfg).state_dict().items()}
     missing = sorted(set(own) - set(sd))
     unused = sorted(k for k in set(sd) - set(own) if not IGNORED_TENSORS.search(k))
-    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {own[k]}" for k in own if k in sd and tuple(sd[k].shape) != own[k]]
+    shapes = [
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {own[k]}"
+        for k in own
+        if k in sd and tuple(sd[k].shape) != own[k]
+    ]
     if missing or unused or shapes:
         hint = ""
         if any(k.startswith("fc.") for k in shapes) and not cfg.target_layer_ids:
-            hint = (f"; the config has no target_layer_ids, so the public rule gives one tap per draft layer ({cfg.num_hidden_layers}): "
-                    "set drafter.target_layer_ids=[...] to the taps the drafter was trained with")
+            hint = (
+                f"; the config has no target_layer_ids, so the public rule gives one tap per draft layer "
+                f"({cfg.num_hidden_layers}): "
+                "set drafter.target_layer_ids=[...] to the taps the drafter was trained with"
+            )
         if any(k.endswith(".bias") for k in unused):
             hint += "; bias tensors need attention_bias: true in the config"
         raise CheckpointError(
             f"{where}: weights do not fit the drafter its config describes"
             + (f"; missing {missing[:6]}" if missing else "")
-            + (f"; not consumed by that drafter (refused: it would compute something else) {unused[:8]}" if unused else "")
+            + (
+                f"; not consumed by that drafter (refused: it would compute something else) {unused[:8]}"
+                if unused
+                else ""
+            )
             + (f"; shape mismatch {shapes[:4]}" if shapes else "")
             + hint
         )
     bad = [k for k in own if sd[k].is_floating_point() and not all_finite(sd[k])]
     if bad:
-        raise CheckpointError(f"{where}: non-finite weights (NaN or inf) in {bad[:6]}: the checkpoint is damaged (or training diverged)")
+        raise CheckpointError(
+            f"{where}: non-finite weights (NaN or inf) in {bad[:6]}: the checkpoint is damaged (or training diverged)"
+        )
 
 
 def codebook_vocab(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> DrafterConfig:
@@ -161,8 +181,14 @@ def read_drafter(
 # --- phase 2: fit to the target (its config and tokenizer) -----------------------------------------
 
 
-def init_config(target: Any, num_layers: int, num_taps: int | None, mask_token_id: int, block_size: int,
-                target_layer_ids: list[int] | None = None) -> DrafterConfig:
+def init_config(
+    target: Any,
+    num_layers: int,
+    num_taps: int | None,
+    mask_token_id: int,
+    block_size: int,
+    target_layer_ids: list[int] | None = None,
+) -> DrafterConfig:
     """A drafter shaped like the target's layers (Qwen3-style), default rope with the target's θ;
     taps: `target_layer_ids`, else `num_taps` spread by the public rule, else the public rule
     itself (one tap per draft layer)."""
@@ -178,11 +204,16 @@ def init_config(target: Any, num_layers: int, num_taps: int | None, mask_token_i
         head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
         intermediate_size=int(c.intermediate_size),
         num_target_layers=L,
-        target_layer_ids=list(target_layer_ids) if target_layer_ids else build_target_layer_ids(L, num_taps or num_layers),
+        target_layer_ids=list(target_layer_ids)
+        if target_layer_ids
+        else build_target_layer_ids(L, num_taps or num_layers),
         mask_token_id=mask_token_id,
         block_size=block_size,
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
-        rope_parameters={"rope_type": "default", "rope_theta": float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4) or 1e4))},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4) or 1e4)),
+        },
         max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768) or 32768),
     )
 
@@ -191,7 +222,9 @@ def init_shape(cfg: DrafterConfig, init: dict[str, Any], vocab: int) -> DrafterC
     """drafter=init's layer kinds and architecture: `window` makes every layer sliding_attention (`is_causal` as a
     config's), `arch=dflash2` adds DFlash2's parts, sizes checked as a config's (named as the drafter.* keys)."""
     if init.get("window") is not None:
-        cfg = dataclasses.replace(cfg, layer_types=["sliding_attention"] * cfg.num_hidden_layers, sliding_window=int(init["window"]))
+        cfg = dataclasses.replace(
+            cfg, layer_types=["sliding_attention"] * cfg.num_hidden_layers, sliding_window=int(init["window"])
+        )
     if init.get("is_causal") is not None:
         cfg = dataclasses.replace(cfg, causal=bool(init["is_causal"]))
     if init.get("arch", "dflash") == "dflash2":
@@ -199,8 +232,12 @@ def init_shape(cfg: DrafterConfig, init: dict[str, Any], vocab: int) -> DrafterC
         try:
             d2 = parse_dflash2(keys, cfg.hidden_size, cfg.block_size, vocab)
         except CheckpointError as e:
-            raise CheckpointError(str(e).replace("config field dflash_config.", "drafter.").replace("dflash_config.", "drafter.")
-                                  .replace("fix config.json", "fix the override")) from None
+            raise CheckpointError(
+                str(e)
+                .replace("config field dflash_config.", "drafter.")
+                .replace("dflash_config.", "drafter.")
+                .replace("fix config.json", "fix the override")
+            ) from None
         cfg = dataclasses.replace(cfg, arch="dflash2", dflash2=d2)
     return cfg
 
@@ -211,7 +248,8 @@ def resolve_mask_token(token: str, tokenizer: Any) -> int:
     if tid is None:
         pieces = tokenizer.tokenize(token) if hasattr(tokenizer, "tokenize") else []
         raise CheckpointError(
-            f"mask_token {token!r} is not a single token of the target's tokenizer (it splits into {pieces[:6]}): this drafter "
+            f"mask_token {token!r} is not a single token of the target's tokenizer (it splits into {pieces[:6]}): this "
+            f"drafter "
             "was made for a tokenizer that has it. Use the target it was trained for, or set drafter.mask_token_id"
         )
     return int(tid)
@@ -221,15 +259,23 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
     """Raise CheckpointError on what cannot work; return warnings for what is suspicious."""
     errs = []
     if (cfg.target_hidden_size or cfg.hidden_size) != target.hidden_size:
-        errs.append(f"hidden size {cfg.target_hidden_size or cfg.hidden_size} != the target's {target.hidden_size}: this drafter "
-                    "was trained for another target")
+        errs.append(
+            f"hidden size {cfg.target_hidden_size or cfg.hidden_size} != the target's {target.hidden_size}: this "
+            f"drafter "
+            "was trained for another target"
+        )
     if cfg.vocab_size is not None and (cfg.own_embed or cfg.own_lm_head) and cfg.vocab_size != target.vocab_size:
-        errs.append(f"the drafter's own embedding / LM head cover vocab_size {cfg.vocab_size} != the target's {target.vocab_size}")
+        errs.append(
+            f"the drafter's own embedding / LM head cover vocab_size {cfg.vocab_size} != the target's "
+            f"{target.vocab_size}"
+        )
     bad = [L for L in cfg.target_layer_ids or [] if not 0 <= L < target.num_layers]
     if bad:
         errs.append(f"taps {bad} are outside the target's decoder layers 0..{target.num_layers - 1}")
     if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < target.vocab_size:
-        errs.append(f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding (vocab {target.vocab_size})")
+        errs.append(
+            f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding (vocab {target.vocab_size})"
+        )
     if cfg.block_size < 2:
         errs.append(f"block_size {cfg.block_size} must be at least 2")
     if cfg.dflash2 is not None:
@@ -239,11 +285,16 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
     warns = []
     if target.num_layers - 1 in cfg.target_layer_ids:
         warns.append(
-            f"taps {cfg.target_layer_ids} include the target's final layer {target.num_layers - 1}: its state at a position "
-            "encodes the next token, a training shortcut inference never offers (DFLASH.md §4 bug 2); expect poor real acceptance"
+            f"taps {cfg.target_layer_ids} include the target's final layer {target.num_layers - 1}: its state at a "
+            f"position "
+            "encodes the next token, a training shortcut inference never offers (docs/family.md §4 bug 2); expect poor "
+            "real "
+            "acceptance"
         )
     if cfg.num_target_layers != target.num_layers:
-        warns.append(f"checkpoint was made for a {cfg.num_target_layers}-layer target, this one has {target.num_layers}")
+        warns.append(
+            f"checkpoint was made for a {cfg.num_target_layers}-layer target, this one has {target.num_layers}"
+        )
     return warns
 
 
@@ -254,10 +305,21 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
         i, o = src.init, src.init.get("overrides", {})
         mask = o.get("mask_token_id", i.get("mask_token_id"))
         if mask is None:
-            raise CheckpointError("drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id")
-        cfg = init_shape(init_config(
-            target, int(i.get("num_layers", 1)), i.get("num_taps"), int(mask), int(o.get("block_size") or 16), o.get("target_layer_ids")
-        ), i, int(target.vocab_size))
+            raise CheckpointError(
+                "drafter=init needs a mask token id: set drafter.mask_token_id or target.mask_token_id"
+            )
+        cfg = init_shape(
+            init_config(
+                target,
+                int(i.get("num_layers", 1)),
+                i.get("num_taps"),
+                int(mask),
+                int(o.get("block_size") or 16),
+                o.get("target_layer_ids"),
+            ),
+            i,
+            int(target.vocab_size),
+        )
     else:
         cfg, where = dataclasses.replace(src.config), src.path
         if cfg.mask_token_id is None and cfg.mask_token is not None:
@@ -267,7 +329,8 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
                 raise CheckpointError(f"{where}: {e}") from None
         if cfg.mask_token_id is None:
             raise CheckpointError(
-                f"{where}: drafter config lacks mask_token_id (dflash_config.mask_token_id or dflash_config.mask_token); "
+                f"{where}: drafter config lacks mask_token_id (dflash_config.mask_token_id or "
+                f"dflash_config.mask_token); "
                 "the checkpoint should store it, or set the override drafter.mask_token_id=..."
             )
         if cfg.target_layer_ids is None:
@@ -277,14 +340,19 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
                 raise CheckpointError(f"{where}: {e} (drafter.target_layer_ids=[...])") from None
         if cfg.num_target_layers is None:
             cfg.num_target_layers = target.num_layers
-        if cfg.dflash2 is not None and cfg.dflash2.vocab_size is None:  # neither config nor checkpoint says: the target's
+        if (
+            cfg.dflash2 is not None and cfg.dflash2.vocab_size is None
+        ):  # neither config nor checkpoint says: the target's
             cfg.dflash2 = dataclasses.replace(cfg.dflash2, vocab_size=target.vocab_size)
     limit = rotary_parameters(cfg)[2]
     if max_len is not None and limit is not None and max_len + cfg.block_size - 1 > limit:
         raise CheckpointError(
-            f"{src.path or src.name}: sequences of up to {max_len} tokens (+ a block of {cfg.block_size}) pass this drafter's "
-            f"{cfg.rope_parameters['rope_type']} rope limit of {limit} positions, where transformers recomputes the frequencies "
-            "from the loop's history and SGLang differs: not implemented. Use shorter prompts or lower prompts.max_new_tokens"
+            f"{src.path or src.name}: sequences of up to {max_len} tokens (+ a block of {cfg.block_size}) pass this "
+            f"drafter's "
+            f"{cfg.rope_parameters['rope_type']} rope limit of {limit} positions, where transformers recomputes the "
+            f"frequencies "
+            "from the loop's history and SGLang differs: not implemented. Use shorter prompts or lower "
+            "prompts.max_new_tokens"
         )
     return dataclasses.replace(src, config=cfg, warnings=src.warnings + check_against_target(cfg, target))
 
@@ -292,7 +360,9 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
 # --- phase 3: the module ---------------------------------------------------------------------------
 
 
-def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any = "cpu", dtype: torch.dtype = torch.float32) -> LoadedDrafter:
+def build_drafter(
+    src: DrafterSource, sliding_window: str = "apply", device: Any = "cpu", dtype: torch.dtype = torch.float32
+) -> LoadedDrafter:
     """The fitted drafter as a module, on `device` in `dtype`. It is built on the meta device, so no
     random initialisation is spent on weights a file provides: the checkpoint's tensors are assigned,
     converted once to `dtype` on `device`. Only `drafter=init` draws weights (`init_weights`, seeded,
@@ -300,10 +370,15 @@ def build_drafter(src: DrafterSource, sliding_window: str = "apply", device: Any
     with torch.device("meta"):
         model = DFlashDrafter(src.config, sliding_window)
     if src.state_dict is None:
-        model.to_empty(device="cpu").init_weights(int(src.init.get("seed", 0)), identity=False)  # DFlash2's parts random too
+        model.to_empty(device="cpu").init_weights(
+            int(src.init.get("seed", 0)), identity=False
+        )  # DFlash2's parts random too
         model.to(device=device, dtype=dtype)
     else:
-        sd = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))
-              for k in model.state_dict() for v in [src.state_dict[k]]}  # d2t stays integer
+        sd = {
+            k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))
+            for k in model.state_dict()
+            for v in [src.state_dict[k]]
+        }  # d2t stays integer
         model.load_state_dict(sd, strict=True, assign=True)
     return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings)

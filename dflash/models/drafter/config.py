@@ -18,28 +18,80 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dflash.models.drafter.dflash2_config import DFLASH2_FIELDS, DFlash2Config, parse_dflash2
-from dflash.models.drafter.rope import attention_scaling_warning, dynamic_rope_warning, qwen3_config, read_rope, rotary_parameters
+from dflash.models.drafter.rope import (
+    attention_scaling_warning,
+    dynamic_rope_warning,
+    qwen3_config,
+    read_rope,
+    rotary_parameters,
+)
 from dflash.util.errors import CheckpointError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
-ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}  # config.json's name -> DrafterConfig.arch
+ARCHITECTURES = {
+    "DFlashDraftModel": "dflash",
+    "DFlash2DraftModel": "dflash2",
+}  # config.json's name -> DrafterConfig.arch
 DFLASH_FIELDS = ("block_size", "target_layer_ids", "mask_token_id", "num_target_layers", "mask_token")
 # Qwen3 architecture keys handed to transformers' Qwen3Config (then read back from it)
 ARCH_KEYS = (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-    "rms_norm_eps", "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias",
-    "layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "hidden_act", "partial_rotary_factor",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+    "attention_bias",
+    "layer_types",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "hidden_act",
+    "partial_rotary_factor",
 )
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-HEAD_KEYS = ("target_hidden_size", "draft_vocab_size", "logit_scale")  # vLLM's qwen3_dflash fields (dflash/models/drafter/formats.py)
+HEAD_KEYS = (
+    "target_hidden_size",
+    "draft_vocab_size",
+    "logit_scale",
+)  # vLLM's qwen3_dflash fields (dflash/models/drafter/formats.py)
 HEAD_OFF = {"logit_scale": 1.0}  # not written back at these values
 UNDERSTOOD = {*ARCH_KEYS, *DFLASH_FIELDS, *HEAD_KEYS, "dflash_config", "architectures", "model_type"}
 HARMLESS = {
-    "vocab_size", "tie_word_embeddings", "dtype", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
-    "attention_dropout", "pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
-    "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder",
-    "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "task_specific_params", "tokenizer_class",
-    "prefix", "_name_or_path", "auto_map", "_attn_implementation_autoset",
+    "vocab_size",
+    "tie_word_embeddings",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+    "initializer_range",
+    "attention_dropout",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "num_labels",
+    "problem_type",
+    "finetuning_task",
+    "task_specific_params",
+    "tokenizer_class",
+    "prefix",
+    "_name_or_path",
+    "auto_map",
+    "_attn_implementation_autoset",
 }
 # key -> (values meaning "off", what it would change)
 EXTENSIONS: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -64,12 +116,15 @@ EXTENSIONS: dict[str, tuple[tuple[Any, ...], str]] = {
 
 
 def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """The public rule (z-lab, SGLang; DFLASH.md §1): `num_taps` = the number of draft layers,
+    """The public rule (z-lab, SGLang; docs/family.md §1): `num_taps` = the number of draft layers,
     spread with Python's round() over layers 1 .. L-3; one tap is [L // 2]."""
     if num_taps == 1:
         return [num_target_layers // 2]
     if num_target_layers < 4:
-        raise ValueError(f"the public tap rule needs a target of at least 4 layers, this one has {num_target_layers}; set the taps explicitly")
+        raise ValueError(
+            f"the public tap rule needs a target of at least 4 layers, this one has {num_target_layers}; set the taps "
+            f"explicitly"
+        )
     span = num_target_layers - 4  # layers 1 .. L-3
     return [round(1 + i * span / (num_taps - 1)) for i in range(num_taps)]
 
@@ -102,7 +157,9 @@ class DrafterConfig:
     target_hidden_size: int | None = None  # the taps' width when it differs from hidden_size (own embedding + head)
     logit_scale: float = 1.0  # draft logits times this (vLLM's LogitsProcessor scale)
     draft_vocab_size: int | None = None  # rows of the drafter's own lm_head when smaller than the target's vocabulary
-    vocab_size: int | None = None  # config vocab_size (the target's), set by formats.own_tensors where own tensors need it
+    vocab_size: int | None = (
+        None  # config vocab_size (the target's), set by formats.own_tensors where own tensors need it
+    )
     own_embed: bool = False  # embed_tokens.weight in the checkpoint: block tokens embedded with it
     own_lm_head: bool = False  # lm_head.weight in the checkpoint: draft logits through it
     vocab_map: bool = False  # d2t [draft_vocab_size] in the checkpoint: draft id i is target id i + d2t[i]
@@ -123,24 +180,51 @@ class DrafterConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """config.json of the public HF format (a Qwen3 config as transformers 5 writes it, plus DFlash's fields)."""
-        skip = ("extra", "target_layer_ids", "mask_token_id", "mask_token", "causal", "own_embed", "own_lm_head", "vocab_map", "arch", "dflash2")
-        d = {k: v for k, v in asdict(self).items()
-             if k not in skip and not (k in (*HEAD_KEYS, "vocab_size") and v in (None, HEAD_OFF.get(k)))}
+        skip = (
+            "extra",
+            "target_layer_ids",
+            "mask_token_id",
+            "mask_token",
+            "causal",
+            "own_embed",
+            "own_lm_head",
+            "vocab_map",
+            "arch",
+            "dflash2",
+        )
+        d = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in skip and not (k in (*HEAD_KEYS, "vocab_size") and v in (None, HEAD_OFF.get(k)))
+        }
         dflash = (
-            {"mask_token_id": self.mask_token_id} if self.mask_token_id is not None else {"mask_token": self.mask_token} if self.mask_token else {}
+            {"mask_token_id": self.mask_token_id}
+            if self.mask_token_id is not None
+            else {"mask_token": self.mask_token}
+            if self.mask_token
+            else {}
         )
         if self.causal is not None:
             dflash["causal"] = self.causal
         if self.target_layer_ids:
             dflash["target_layer_ids"] = list(self.target_layer_ids)
-        if self.dflash2 is not None:  # SpecForge's export: block_size and DFlash2's keys in dflash_config, the codebooks' vocab_size
+        if (
+            self.dflash2 is not None
+        ):  # SpecForge's export: block_size and DFlash2's keys in dflash_config, the codebooks' vocab_size
             dflash.update(block_size=self.block_size, **self.dflash2.to_dflash_config())
             if self.dflash2.vocab_size is not None:
                 d["vocab_size"] = self.dflash2.vocab_size
         sliding = "sliding_attention" in self.layer_types
         arch = next(name for name, a in ARCHITECTURES.items() if a == self.arch)
-        return {**self.extra, **d, "use_sliding_window": sliding, "hidden_act": "silu", "architectures": [arch],
-                "model_type": "qwen3", "dflash_config": dflash}
+        return {
+            **self.extra,
+            **d,
+            "use_sliding_window": sliding,
+            "hidden_act": "silu",
+            "architectures": [arch],
+            "model_type": "qwen3",
+            "dflash_config": dflash,
+        }
 
     @classmethod
     def from_hf(cls, d: dict[str, Any], overrides: dict[str, Any] | None = None) -> "DrafterConfig":
@@ -182,16 +266,29 @@ def _int_list(name: str, v: Any) -> list[int]:
 
 
 TYPES = {  # present and not null -> checked before transformers sees it
-    "hidden_size": lambda n, v: _int(n, v, 1), "num_hidden_layers": lambda n, v: _int(n, v, 1),
-    "num_attention_heads": lambda n, v: _int(n, v, 1), "num_key_value_heads": lambda n, v: _int(n, v, 1),
-    "head_dim": lambda n, v: _int(n, v, 1), "intermediate_size": lambda n, v: _int(n, v, 1),
-    "max_position_embeddings": lambda n, v: _int(n, v, 1), "max_window_layers": lambda n, v: _int(n, v, 0),
-    "sliding_window": lambda n, v: _int(n, v, 1), "rms_norm_eps": _num, "rope_theta": _num, "partial_rotary_factor": _num,
-    "attention_bias": _bool, "use_sliding_window": _bool,
-    "block_size": lambda n, v: _int(n, v, 1), "num_target_layers": lambda n, v: _int(n, v, 1),
-    "mask_token_id": lambda n, v: _int(n, v, 0), "target_layer_ids": _int_list,
-    "target_hidden_size": lambda n, v: _int(n, v, 1), "draft_vocab_size": lambda n, v: _int(n, v, 1), "logit_scale": _num,
-    "causal": _bool, "vocab_size": lambda n, v: _int(n, v, 1),
+    "hidden_size": lambda n, v: _int(n, v, 1),
+    "num_hidden_layers": lambda n, v: _int(n, v, 1),
+    "num_attention_heads": lambda n, v: _int(n, v, 1),
+    "num_key_value_heads": lambda n, v: _int(n, v, 1),
+    "head_dim": lambda n, v: _int(n, v, 1),
+    "intermediate_size": lambda n, v: _int(n, v, 1),
+    "max_position_embeddings": lambda n, v: _int(n, v, 1),
+    "max_window_layers": lambda n, v: _int(n, v, 0),
+    "sliding_window": lambda n, v: _int(n, v, 1),
+    "rms_norm_eps": _num,
+    "rope_theta": _num,
+    "partial_rotary_factor": _num,
+    "attention_bias": _bool,
+    "use_sliding_window": _bool,
+    "block_size": lambda n, v: _int(n, v, 1),
+    "num_target_layers": lambda n, v: _int(n, v, 1),
+    "mask_token_id": lambda n, v: _int(n, v, 0),
+    "target_layer_ids": _int_list,
+    "target_hidden_size": lambda n, v: _int(n, v, 1),
+    "draft_vocab_size": lambda n, v: _int(n, v, 1),
+    "logit_scale": _num,
+    "causal": _bool,
+    "vocab_size": lambda n, v: _int(n, v, 1),
 }
 
 
@@ -208,7 +305,9 @@ def _check_type(name: str, v: Any) -> None:
 
 
 def _is_off(v: Any, off: tuple[Any, ...]) -> bool:
-    return any(v is o or (o is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and v == o) for o in off)
+    return any(
+        v is o or (o is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and v == o) for o in off
+    )
 
 
 def _classify(d: dict[str, Any], where: str, known: set[str]) -> dict[str, Any]:
@@ -225,7 +324,8 @@ def _classify(d: dict[str, Any], where: str, known: set[str]) -> dict[str, Any]:
             if not _is_off(v, off):
                 raise CheckpointError(
                     f"config key {name}={v!r} switches on {what}, which this evaluator does not implement: evaluating "
-                    f"without it would measure a different model. Use a drafter without it (accepted values: {list(off)})"
+                    f"without it would measure a different model. Use a drafter without it (accepted values: "
+                    f"{list(off)})"
                 )
         elif not (v is None or v is False or v in ({}, [], "")):
             raise CheckpointError(
@@ -240,7 +340,10 @@ def _pick(name: str, dflash: dict[str, Any], top: dict[str, Any], warnings: list
     """dflash_config first, then the top level (SGLang's precedence); a warning when both differ."""
     a, b = dflash.get(name), top.get(name)
     if a is not None and b is not None and a != b:
-        warnings.append(f"config has {name}={b!r} at the top level and dflash_config.{name}={a!r}: using dflash_config's {a!r}, as SGLang does")
+        warnings.append(
+            f"config has {name}={b!r} at the top level and dflash_config.{name}={a!r}: using dflash_config's {a!r}, as "
+            f"SGLang does"
+        )
     return a if a is not None else b
 
 
@@ -252,41 +355,64 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     if not isinstance(raw, dict):
         raise CheckpointError(f"the drafter config should be a mapping, got {type(raw).__name__}")
     dflash = raw.get("dflash_config") or {}
-    for k, v in [*raw.items(), *((f"dflash_config.{k}", v) for k, v in (dflash.items() if isinstance(dflash, dict) else ()))]:
+    for k, v in [
+        *raw.items(),
+        *((f"dflash_config.{k}", v) for k, v in (dflash.items() if isinstance(dflash, dict) else ())),
+    ]:
         if v is not None:
             _check_type(k, v)
     archs = raw.get("architectures") or ["DFlashDraftModel"]
     if len(archs) != 1 or archs[0] not in ARCHITECTURES:
-        raise CheckpointError(f"architectures={archs!r}: one of {[[a] for a in ARCHITECTURES]} is implemented (not other variants)")
+        raise CheckpointError(
+            f"architectures={archs!r}: one of {[[a] for a in ARCHITECTURES]} is implemented (not other variants)"
+        )
     arch = ARCHITECTURES[archs[0]]
     extra = _classify(raw, "", UNDERSTOOD)
-    _classify(dflash, "dflash_config.", {*DFLASH_FIELDS, "causal"} | (set(DFLASH2_FIELDS) if arch == "dflash2" else set()))
+    _classify(
+        dflash, "dflash_config.", {*DFLASH_FIELDS, "causal"} | (set(DFLASH2_FIELDS) if arch == "dflash2" else set())
+    )
     if raw.get("model_type", "qwen3") not in ("qwen3", None):
-        raise CheckpointError(f"model_type={raw['model_type']!r}: DFlash draft layers are Qwen3 layers; only model_type qwen3 is implemented")
+        raise CheckpointError(
+            f"model_type={raw['model_type']!r}: DFlash draft layers are Qwen3 layers; only model_type qwen3 is "
+            f"implemented"
+        )
     missing = [k for k in REQUIRED if raw.get(k) is None]
     if missing:
-        raise CheckpointError(f"drafter config lacks {missing}; the checkpoint should store them (a Qwen3 config with DFlash's fields)")
+        raise CheckpointError(
+            f"drafter config lacks {missing}; the checkpoint should store them (a Qwen3 config with DFlash's fields)"
+        )
 
     hf = qwen3_config({k: raw[k] for k in ARCH_KEYS if k in raw})
     if hf.hidden_act != "silu":
-        raise CheckpointError(f"hidden_act={hf.hidden_act!r} is not implemented (DFlash drafters use silu, as SGLang requires)")
+        raise CheckpointError(
+            f"hidden_act={hf.hidden_act!r} is not implemented (DFlash drafters use silu, as SGLang requires)"
+        )
     layer_types = list(hf.layer_types or ["full_attention"] * hf.num_hidden_layers)
     if len(layer_types) != hf.num_hidden_layers or any(t not in LAYER_TYPES for t in layer_types):
-        raise CheckpointError(f"layer_types={layer_types!r}: one of {LAYER_TYPES} per draft layer ({hf.num_hidden_layers}) is implemented")
+        raise CheckpointError(
+            f"layer_types={layer_types!r}: one of {LAYER_TYPES} per draft layer ({hf.num_hidden_layers}) is implemented"
+        )
     window = hf.sliding_window if "sliding_attention" in layer_types else None
     if "sliding_attention" in layer_types and window is None:
         raise CheckpointError(
-            "layer_types has sliding_attention layers but the config gives no window (transformers keeps sliding_window only "
-            "with use_sliding_window: true; SGLang refuses such a config): set use_sliding_window: true and sliding_window"
+            "layer_types has sliding_attention layers but the config gives no window (transformers keeps "
+            "sliding_window only "
+            "with use_sliding_window: true; SGLang refuses such a config): set use_sliding_window: true and "
+            "sliding_window"
         )
     if "sliding_attention" in layer_types and dflash.get("causal") is False and window < _block_of(dflash, raw):
         raise CheckpointError(
-            f"is_causal / dflash_config.causal=false with sliding_window={window} < block_size: a non-causal sliding layer's window "
-            "then cuts its own block, where SGLang's attention backends disagree (FA3: both sides, FlashInfer / Triton: the left "
+            f"is_causal / dflash_config.causal=false with sliding_window={window} < block_size: a non-causal sliding "
+            f"layer's window "
+            "then cuts its own block, where SGLang's attention backends disagree (FA3: both sides, FlashInfer / "
+            "Triton: the left "
             "side only); not implemented. Use a window of at least block_size (public DFlash2 drafters use 2048)"
         )
     if hf.num_attention_heads % hf.num_key_value_heads:
-        raise CheckpointError(f"num_attention_heads={hf.num_attention_heads} is not a multiple of num_key_value_heads={hf.num_key_value_heads}")
+        raise CheckpointError(
+            f"num_attention_heads={hf.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={hf.num_key_value_heads}"
+        )
 
     warnings: list[str] = []
     dv = {k: _pick(k, dflash, raw, warnings) for k in DFLASH_FIELDS}
@@ -298,14 +424,29 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     block = 16 if dv["block_size"] is None else dv["block_size"]
     d2 = parse_dflash2(dflash, hf.hidden_size, block, raw.get("vocab_size")) if arch == "dflash2" else None
     cfg = DrafterConfig(
-        hidden_size=hf.hidden_size, num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
-        num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim, intermediate_size=hf.intermediate_size,
-        num_target_layers=dv["num_target_layers"], target_layer_ids=dv["target_layer_ids"], mask_token_id=dv["mask_token_id"],
-        block_size=block, rms_norm_eps=float(hf.rms_norm_eps),
-        rope_parameters=read_rope(hf), max_position_embeddings=hf.max_position_embeddings, attention_bias=bool(hf.attention_bias),
-        layer_types=layer_types, sliding_window=window, mask_token=dv["mask_token"], extra=extra, arch=arch, dflash2=d2,
+        hidden_size=hf.hidden_size,
+        num_hidden_layers=hf.num_hidden_layers,
+        num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=hf.num_key_value_heads,
+        head_dim=hf.head_dim,
+        intermediate_size=hf.intermediate_size,
+        num_target_layers=dv["num_target_layers"],
+        target_layer_ids=dv["target_layer_ids"],
+        mask_token_id=dv["mask_token_id"],
+        block_size=block,
+        rms_norm_eps=float(hf.rms_norm_eps),
+        rope_parameters=read_rope(hf),
+        max_position_embeddings=hf.max_position_embeddings,
+        attention_bias=bool(hf.attention_bias),
+        layer_types=layer_types,
+        sliding_window=window,
+        mask_token=dv["mask_token"],
+        extra=extra,
+        arch=arch,
+        dflash2=d2,
         causal=dflash.get("causal"),
-        target_hidden_size=raw.get("target_hidden_size"), draft_vocab_size=raw.get("draft_vocab_size"),
+        target_hidden_size=raw.get("target_hidden_size"),
+        draft_vocab_size=raw.get("draft_vocab_size"),
         logit_scale=1.0 if raw.get("logit_scale") is None else float(raw["logit_scale"]),
     )
     rotary_parameters(cfg)  # transformers computes this rope, or the config is refused now
@@ -328,18 +469,39 @@ def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str,
     _, scaling, _ = rotary_parameters(cfg)
     sliding = [i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention"]
     out: dict[str, Any] = {
-        "block_size": cfg.block_size, "target_layer_ids": list(cfg.target_layer_ids or []), "mask_token_id": cfg.mask_token_id,
-        "num_target_layers": cfg.num_target_layers, "num_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
-        "num_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps, "attention_bias": cfg.attention_bias,
-        "rope_type": rp["rope_type"], "rope_theta": float(rp["rope_theta"]), "rope_attention_scaling": scaling,
+        "block_size": cfg.block_size,
+        "target_layer_ids": list(cfg.target_layer_ids or []),
+        "mask_token_id": cfg.mask_token_id,
+        "num_target_layers": cfg.num_target_layers,
+        "num_layers": cfg.num_hidden_layers,
+        "hidden_size": cfg.hidden_size,
+        "num_heads": cfg.num_attention_heads,
+        "num_kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "attention_bias": cfg.attention_bias,
+        "rope_type": rp["rope_type"],
+        "rope_theta": float(rp["rope_theta"]),
+        "rope_attention_scaling": scaling,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "sliding_layers": sliding, "sliding_window": cfg.sliding_window, "sliding_window_applied": bool(sliding) and apply_window,
-        "causal_layers": [i for i, t in enumerate(cfg.layer_types) if cfg.layer_causal(t) and (apply_window or cfg.causal)],
+        "sliding_layers": sliding,
+        "sliding_window": cfg.sliding_window,
+        "sliding_window_applied": bool(sliding) and apply_window,
+        "causal_layers": [
+            i for i, t in enumerate(cfg.layer_types) if cfg.layer_causal(t) and (apply_window or cfg.causal)
+        ],
         "logit_scale": cfg.logit_scale,
-        "own_embed": cfg.own_embed, "own_lm_head": cfg.own_lm_head, "draft_vocab_size": cfg.draft_vocab_size,
+        "own_embed": cfg.own_embed,
+        "own_lm_head": cfg.own_lm_head,
+        "draft_vocab_size": cfg.draft_vocab_size,
     }
     out.update({f"rope_{k}": v for k, v in sorted(rp.items()) if k not in ("rope_type", "rope_theta")})
     if cfg.dflash2 is not None:
-        out.update({"architecture": "DFlash2DraftModel", **{f"dflash2_{k}": v for k, v in asdict(cfg.dflash2).items() if v is not None}})
+        out.update(
+            {
+                "architecture": "DFlash2DraftModel",
+                **{f"dflash2_{k}": v for k, v in asdict(cfg.dflash2).items() if v is not None},
+            }
+        )
     return out

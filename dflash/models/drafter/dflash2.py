@@ -1,4 +1,6 @@
-"""DFlash2's parts (DFLASH.md §8; config: dflash/models/drafter/dflash2_config.py): block convolutions, unary logits, selector walk.
+"""DFlash2's parts (docs/family.md §8; config: dflash/models/drafter/dflash2_config.py): block convolutions, unary
+logits,
+selector walk.
 
 - `BlockConv` (`layers.{i}.attention_conv` / `.mlp_conv`): a grouped, dynamic, depthwise convolution along
   the B slots of each proposal block, causal (a slot sees itself and the T-1 slots before it; nothing
@@ -56,7 +58,9 @@ class BlockConv(nn.Module):
         base = self.base_kernel[side].view(self.taps, G, gs)
         out = (base[0] + db[:, :, :, 0, :, None]) * zb
         for t in range(1, self.taps):
-            shifted = F.pad(zb[:, :, : B - t], (0, 0, 0, 0, t, 0))  # slot i reads z_{i-t}, 0 before the block's first slot
+            shifted = F.pad(
+                zb[:, :, : B - t], (0, 0, 0, 0, t, 0)
+            )  # slot i reads z_{i-t}, 0 before the block's first slot
             out = out + (base[t] + db[:, :, :, t, :, None]) * shifted
         return out.reshape(S, Q, H)
 
@@ -137,7 +141,9 @@ def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anc
     target's LM head, which `drafter.logits` uses unless the drafter has its own (times its logit_scale);
     the walk starts from the anchor."""
     R, K, H = h.shape
-    logits = drafter.logits(head, h.reshape(R * K, H)).view(R, K, -1)  # 2-D into the head: a 3-D input takes a slow bmm path
+    logits = drafter.logits(head, h.reshape(R * K, H)).view(
+        R, K, -1
+    )  # 2-D into the head: a 3-D input takes a slow bmm path
     return propose_logits(drafter, logits, h, anchor)
 
 

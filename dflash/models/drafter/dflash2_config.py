@@ -1,4 +1,4 @@
-"""DFlash2's own config keys (DFLASH.md §8.4), read as SGLang's `parse_dflash_draft_config` reads them.
+"""DFlash2's own config keys (docs/family.md §8.4), read as SGLang's `parse_dflash_draft_config` reads them.
 
 `parse_config` (dflash/models/drafter/config.py, the one parser) calls `parse_dflash2` when
 `architectures` is `["DFlash2DraftModel"]`; every key of `dflash_config` below is checked here with a
@@ -25,8 +25,15 @@ from typing import Any
 
 from dflash.util.errors import CheckpointError
 
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier",
-                  "final_logit_softcapping", "attention_mode")
+DFLASH2_FIELDS = (
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+    "output_multiplier",
+    "final_logit_softcapping",
+    "attention_mode",
+)
 ATTENTION_MODES = ("gqa", "mha")
 
 
@@ -62,7 +69,9 @@ class DFlash2Config:
 
 
 def _bad(name: str, v: Any, want: str) -> CheckpointError:
-    return CheckpointError(f"config field dflash_config.{name}={v!r} should be {want} (DFlash2DraftModel); fix config.json")
+    return CheckpointError(
+        f"config field dflash_config.{name}={v!r} should be {want} (DFlash2DraftModel); fix config.json"
+    )
 
 
 def _int(name: str, v: Any) -> int:
@@ -78,25 +87,32 @@ def _num(name: str, v: Any) -> float:
 
 
 def parse_dflash2(dflash: dict[str, Any], hidden_size: int, block_size: int, vocab_size: Any) -> DFlash2Config:
-    """`dflash_config` of a DFlash2DraftModel (+ the top-level vocab_size) -> DFlash2Config, or a CheckpointError naming the key."""
+    """`dflash_config` of a DFlash2DraftModel (+ the top-level vocab_size) -> DFlash2Config, or a CheckpointError naming
+    the key."""
     g = {k: dflash.get(k) for k in DFLASH2_FIELDS}
     for k in ("selector_rank", "selector_top_k"):
         if g[k] is None:
-            raise CheckpointError(f"DFlash2DraftModel needs dflash_config.{k} (the candidate selector, as SGLang requires); fix config.json")
+            raise CheckpointError(
+                f"DFlash2DraftModel needs dflash_config.{k} (the candidate selector, as SGLang requires); fix "
+                f"config.json"
+            )
     rank, top_k = _int("selector_rank", g["selector_rank"]), _int("selector_top_k", g["selector_top_k"])
     if rank < 1:
         raise _bad("selector_rank", rank, "an integer >= 1")
     vocab = None
     if vocab_size is not None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise CheckpointError(f"config field vocab_size={vocab_size!r} should be an integer >= 1 (the selector codebooks' rows)")
+            raise CheckpointError(
+                f"config field vocab_size={vocab_size!r} should be an integer >= 1 (the selector codebooks' rows)"
+            )
         vocab = vocab_size
     if top_k < 1 or (vocab is not None and top_k > vocab):
         raise _bad("selector_top_k", top_k, f"an integer in 1..{vocab if vocab is not None else 'vocab_size'}")
     T, gs = (None if g[k] in (None, 0) else _int(k, g[k]) for k in ("conv_kernel_size", "conv_group_size"))
     if (T is None) != (gs is None):
         raise CheckpointError(
-            f"dflash_config.conv_kernel_size={g['conv_kernel_size']!r} and conv_group_size={g['conv_group_size']!r}: the block "
+            f"dflash_config.conv_kernel_size={g['conv_kernel_size']!r} and conv_group_size={g['conv_group_size']!r}: "
+            f"the block "
             "convolutions need both (or neither), as SGLang requires; fix config.json"
         )
     if T is not None and not 1 <= T <= block_size:
@@ -106,13 +122,18 @@ def parse_dflash2(dflash: dict[str, Any], hidden_size: int, block_size: int, voc
     mult = 1.0 if g["output_multiplier"] is None else _num("output_multiplier", g["output_multiplier"])
     if mult <= 0:
         raise _bad("output_multiplier", g["output_multiplier"], "a finite number > 0 (SGLang refuses others)")
-    cap = None if g["final_logit_softcapping"] in (None, 0) else _num("final_logit_softcapping", g["final_logit_softcapping"])
+    cap = (
+        None
+        if g["final_logit_softcapping"] in (None, 0)
+        else _num("final_logit_softcapping", g["final_logit_softcapping"])
+    )
     if cap is not None and cap < 0:
         raise _bad("final_logit_softcapping", cap, "a number > 0 (or null / 0: no soft-capping)")
     mode = g["attention_mode"]
     if mode == "mla":
         raise CheckpointError(
-            "dflash_config.attention_mode='mla': multi-head latent attention is not implemented here (SGLang does not serve "
+            "dflash_config.attention_mode='mla': multi-head latent attention is not implemented here (SGLang does not "
+            "serve "
             "DFlash2 MLA drafters either); evaluate a gqa or mha drafter"
         )
     if mode is not None and mode not in ATTENTION_MODES:
@@ -124,8 +145,10 @@ def check_dflash2_vocab(d2: DFlash2Config, target_vocab: int) -> list[str]:
     """What cannot work against a target with `target_vocab` LM-head rows (error strings; empty: fits)."""
     errs = []
     if d2.vocab_size is not None and d2.vocab_size != target_vocab:
-        errs.append(f"vocab_size {d2.vocab_size} (the selector codebooks' rows) != the target's {target_vocab}: "
-                    "the selector indexes its codebooks with the target's token ids")
+        errs.append(
+            f"vocab_size {d2.vocab_size} (the selector codebooks' rows) != the target's {target_vocab}: "
+            "the selector indexes its codebooks with the target's token ids"
+        )
     if d2.selector_top_k > target_vocab:
         errs.append(f"dflash_config.selector_top_k {d2.selector_top_k} should be in 1..vocab ({target_vocab})")
     return errs

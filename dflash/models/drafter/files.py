@@ -45,7 +45,8 @@ def _formats(folder: Path) -> tuple[list[Path], list[Path]]:
         raise CheckpointError(
             f"{folder} holds both a torch pickle ({', '.join(p.name for p in pickles)}) and safetensors "
             f"({', '.join(p.name for p in st)}): it is not clear which is the drafter. Keep one format in the folder "
-            "(move the other away): checkpoint.pt for a training checkpoint, config.json + model.safetensors for the HF format"
+            "(move the other away): checkpoint.pt for a training checkpoint, config.json + model.safetensors for the "
+            "HF format"
         )
     return pickles, st
 
@@ -54,19 +55,27 @@ def in_git_history(run: Path) -> bool:
     """Whether checkpoints/extra.txt lists step folders of this run: a shipped drafter outside the tree's budget."""
     listed = PROJECT_ROOT / "checkpoints" / "extra.txt"
     lines = listed.read_text().splitlines() if listed.is_file() else []
-    return any((PROJECT_ROOT / line.split()[0]).parent.resolve() == run.resolve() for line in lines if line.strip() and not line.startswith("#"))
+    return any(
+        (PROJECT_ROOT / line.split()[0]).parent.resolve() == run.resolve()
+        for line in lines
+        if line.strip() and not line.startswith("#")
+    )
 
 
 def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
     """-> (file or folder of that step, step). step=None takes the latest."""
     run = find_path(run_dir)
     if not run.is_dir():
-        raise CheckpointError(f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders")
+        raise CheckpointError(
+            f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders"
+        )
     steps = list_steps(run)
     if not steps:
         if in_git_history(run):
-            raise CheckpointError(f"{run} holds no step_<N>/ folders: its weights are kept in the git history, outside checkpoints/' "
-                                  "budget (checkpoints/extra.txt); `make drafters` restores them")
+            raise CheckpointError(
+                f"{run} holds no step_<N>/ folders: its weights are kept in the git history, outside checkpoints/' "
+                "budget (checkpoints/extra.txt); `make drafters` restores them"
+            )
         raise CheckpointError(f"{run} holds no step_<N>/ folders; is drafter.run_dir right?")
     if step is None:
         step = steps[-1]
@@ -118,7 +127,11 @@ def incomplete(folder: Path) -> str | None:
     if tmp := [n for n in names if TEMP_NAME.search(n)]:
         return f"a writer's temporary file is there ({tmp[0]})"
     if "checkpoint.pt" in names:
-        return None if zipfile.is_zipfile(folder / "checkpoint.pt") else "checkpoint.pt is not a whole torch (zip) file yet"
+        return (
+            None
+            if zipfile.is_zipfile(folder / "checkpoint.pt")
+            else "checkpoint.pt is not a whole torch (zip) file yet"
+        )
     st = sorted(n for n in names if n.endswith(".safetensors"))
     if "config.json" not in names or not st:
         return "neither checkpoint.pt nor config.json + safetensors is there yet"
@@ -158,7 +171,8 @@ def read_training_pickle(path: Path) -> tuple[dict[str, torch.Tensor], dict[str,
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated, not a zip, unpickling refused (a pickle that would run code)...
         raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt or not a torch checkpoint"
+            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt or not a torch "
+            f"checkpoint"
         ) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
@@ -179,14 +193,21 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
 
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
-        raise CheckpointError(f"{folder} has no config.json; a public DFlash drafter folder needs config.json + model.safetensors")
+        raise CheckpointError(
+            f"{folder} has no config.json; a public DFlash drafter folder needs config.json + model.safetensors"
+        )
     try:
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
     pickles, files = _formats(folder)
     if not files:
-        hint = f" ({pickles[0].name} is a torch pickle: save its state dict with safetensors.torch.save_file as model.safetensors)" if pickles else ""
+        hint = (
+            f" ({pickles[0].name} is a torch pickle: save its state dict with safetensors.torch.save_file as "
+            f"model.safetensors)"
+            if pickles
+            else ""
+        )
         raise CheckpointError(f"{folder} has no .safetensors weights{hint}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
@@ -210,7 +231,9 @@ def save_hf_folder(model: DFlashDrafter, folder: str | Path, dtype: torch.dtype 
         (tmp / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2))
 
 
-def save_training_checkpoint(path: str | Path, model: DFlashDrafter, optimizer: Any, step: int, extra: dict[str, Any] | None = None) -> None:
+def save_training_checkpoint(
+    path: str | Path, model: DFlashDrafter, optimizer: Any, step: int, extra: dict[str, Any] | None = None
+) -> None:
     """`<run_dir>/step_<N>/checkpoint.pt`: weights, optimizer state, step, drafter config; atomic."""
     obj = {
         "model": model.state_dict(),

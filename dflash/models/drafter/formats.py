@@ -40,16 +40,33 @@ from dflash.models.drafter.config import REQUIRED, DrafterConfig
 from dflash.util.errors import CheckpointError
 
 FORMATS = ("hf", "speculators")
-RENAMES = (("midlayer.", "layers.0."), ("encoder.output_norm_enc.", "hidden_norm."), ("encoder.fc.", "fc."),
-           ("draft_id_to_target_id", "d2t"))
+RENAMES = (
+    ("midlayer.", "layers.0."),
+    ("encoder.output_norm_enc.", "hidden_norm."),
+    ("encoder.fc.", "fc."),
+    ("draft_id_to_target_id", "d2t"),
+)
 DROPPED = ("t2d",)  # vLLM's loader skips it (the target-to-draft map serves training only)
 SPEC_TYPES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 SPEC_TRAINING = {  # speculators keys that only shape training (or a Domino projector, refused on its own)
-    "pure_draft_prefix_len", "emb_dim", "gru_hidden_dim", "lambda_base_start", "lambda_base_decay_ratio", "auf",
-    "speculators_version", "has_no_defaults_at_init",
+    "pure_draft_prefix_len",
+    "emb_dim",
+    "gru_hidden_dim",
+    "lambda_base_start",
+    "lambda_base_decay_ratio",
+    "auf",
+    "speculators_version",
+    "has_no_defaults_at_init",
 }
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier",
-                "final_logit_softcapping", "attention_mode")
+DFLASH2_KEYS = (
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+    "output_multiplier",
+    "final_logit_softcapping",
+    "attention_mode",
+)
 
 
 @dataclass(frozen=True)
@@ -66,11 +83,19 @@ def _refuse(key: str, value: Any, why: str) -> CheckpointError:
 
 def _taps_from_aux(key: str, ids: Any) -> list[int]:
     """vLLM's aux ids (the stream entering layer i) -> DFlash taps (outputs of layer i - 1)."""
-    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if (
+        not isinstance(ids, (list, tuple))
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
         raise _refuse(key, ids, "should be a non-empty list of integers; fix config.json")
     if min(ids) < 1:
-        raise _refuse(key, ids, "aux id 0 is the embedding output, which no DFlash tap (a decoder layer's output) "
-                      "gives; not implemented. Use a drafter trained on decoder layer outputs")
+        raise _refuse(
+            key,
+            ids,
+            "aux id 0 is the embedding output, which no DFlash tap (a decoder layer's output) "
+            "gives; not implemented. Use a drafter trained on decoder layer outputs",
+        )
     return [i - 1 for i in ids]
 
 
@@ -87,19 +112,31 @@ def _vllm_keys(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         notes.append("eagle_config merged under dflash_config (dflash_config wins), as vLLM reads them")
     for where, src in (("dflash_config.", dc), ("", d)):
         if src.get("use_aux_hidden_state") is False:
-            raise _refuse(f"{where}use_aux_hidden_state", False, "the drafter reads the target's last hidden state instead "
-                          "of fc over taps; not implemented. Use a DFlash drafter with taps")
+            raise _refuse(
+                f"{where}use_aux_hidden_state",
+                False,
+                "the drafter reads the target's last hidden state instead "
+                "of fc over taps; not implemented. Use a DFlash drafter with taps",
+            )
         src.pop("use_aux_hidden_state", None)
     if d.get("add_swa_attention_sink_bias"):
-        raise _refuse("add_swa_attention_sink_bias", d["add_swa_attention_sink_bias"], "attention sinks are not implemented; "
-                      "evaluating without them would measure a different model")
+        raise _refuse(
+            "add_swa_attention_sink_bias",
+            d["add_swa_attention_sink_bias"],
+            "attention sinks are not implemented; evaluating without them would measure a different model",
+        )
     d.pop("add_swa_attention_sink_bias", None)
     aux, layer_ids = d.pop("eagle_aux_hidden_state_layer_ids", None), dc.pop("layer_ids", None)
     if aux:
         taps = _taps_from_aux("eagle_aux_hidden_state_layer_ids", aux)
-        for k, v in (("dflash_config.target_layer_ids", dc.get("target_layer_ids")), ("target_layer_ids", d.get("target_layer_ids"))):
+        for k, v in (
+            ("dflash_config.target_layer_ids", dc.get("target_layer_ids")),
+            ("target_layer_ids", d.get("target_layer_ids")),
+        ):
             if v is not None and list(v) != taps:
-                notes.append(f"{k}={v} ignored: vLLM taps eagle_aux_hidden_state_layer_ids={list(aux)} first (taps {taps})")
+                notes.append(
+                    f"{k}={v} ignored: vLLM taps eagle_aux_hidden_state_layer_ids={list(aux)} first (taps {taps})"
+                )
         dc["target_layer_ids"], _ = taps, d.pop("target_layer_ids", None)
     elif layer_ids and dc.get("target_layer_ids") is None and d.get("target_layer_ids") is None:
         dc["target_layer_ids"] = _taps_from_aux("dflash_config.layer_ids", layer_ids)
@@ -121,13 +158,17 @@ def _vllm_keys(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         notes.append("dflash_config.use_swa: every layer a sliding_attention layer, as vLLM reads it")
         if not dc.get("causal"):
             dc["causal"] = False  # vLLM's use_swa layers are causal only with dflash_config.causal
-            notes.append("dflash_config.use_swa without causal: true: the sliding layers are non-causal (see is_causal below)")
+            notes.append(
+                "dflash_config.use_swa without causal: true: the sliding layers are non-causal (see is_causal below)"
+            )
     if window is not None and types is not None and "sliding_attention" in types:
         d["sliding_window"], d["use_sliding_window"] = window, True  # vLLM: swa_window_size before sliding_window
         notes.append(f"dflash_config.swa_window_size={window}: the sliding window, as vLLM reads it")
     if dc.get("causal") is False and types is not None and "sliding_attention" in types:
-        notes.append("causal=false with sliding_attention layers: every layer non-causal inside the block, the window still "
-                     "limiting the context keys (SGLang's and SpecForge's reading of public DFlash2 configs)")
+        notes.append(
+            "causal=false with sliding_attention layers: every layer non-causal inside the block, the window still "
+            "limiting the context keys (SGLang's and SpecForge's reading of public DFlash2 configs)"
+        )
     if dc or "dflash_config" in raw:
         d["dflash_config"] = dc
     return d
@@ -139,17 +180,25 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
 
     kind = raw["speculators_model_type"]
     if kind not in SPEC_TYPES:
-        raise _refuse("speculators_model_type", kind, f"only {sorted(SPEC_TYPES)} are DFlash drafters this evaluator reads")
+        raise _refuse(
+            "speculators_model_type", kind, f"only {sorted(SPEC_TYPES)} are DFlash drafters this evaluator reads"
+        )
     tlc = raw.get("transformer_layer_config")
     if not isinstance(tlc, dict):
-        raise _refuse("transformer_layer_config", tlc, "should be the draft layers' Qwen3 config (a mapping); fix config.json")
+        raise _refuse(
+            "transformer_layer_config", tlc, "should be the draft layers' Qwen3 config (a mapping); fix config.json"
+        )
     rest = {k: v for k, v in raw.items() if k != "transformer_layer_config"}
-    for key, bad, why in (("projector_type", lambda v: v not in (None, "dflash"), "the Domino correction head"),
-                          ("sample_from_anchor", bool, "drafting the anchor slot too (DSpark's block)"),
-                          ("shift_label", bool, "predictions shifted by one position (Domino's)")):
+    for key, bad, why in (
+        ("projector_type", lambda v: v not in (None, "dflash"), "the Domino correction head"),
+        ("sample_from_anchor", bool, "drafting the anchor slot too (DSpark's block)"),
+        ("shift_label", bool, "predictions shifted by one position (Domino's)"),
+    ):
         v = rest.pop(key, None)
         if bad(v):
-            raise _refuse(key, v, f"switches on {why}, which this evaluator does not implement; use a drafter without it")
+            raise _refuse(
+                key, v, f"switches on {why}, which this evaluator does not implement; use a drafter without it"
+            )
     non_causal = rest.pop("sliding_window_non_causal", kind == "dflash2")  # speculators' default
     if not isinstance(non_causal, bool):
         raise _refuse("sliding_window_non_causal", non_causal, "should be true or false; fix config.json")
@@ -176,11 +225,17 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     spec = rest.pop("speculators_config", None) or {}
     tokens = next(iter(spec.get("proposal_methods") or []), {}).get("speculative_tokens")
     if tokens is not None and isinstance(block, int) and tokens != block - 1:
-        raise _refuse("speculators_config.proposal_methods[0].speculative_tokens", tokens, f"vLLM proposes that many tokens "
-                      f"per step, not block_size - 1 = {block - 1} as this evaluator does; not implemented")
+        raise _refuse(
+            "speculators_config.proposal_methods[0].speculative_tokens",
+            tokens,
+            f"vLLM proposes that many tokens "
+            f"per step, not block_size - 1 = {block - 1} as this evaluator does; not implemented",
+        )
     verifier = (spec.get("verifier") or {}).get("name_or_path")
-    notes.append(f"speculators {kind} format: taps = aux_hidden_state_layer_ids - 1 = {dc['target_layer_ids']}"
-                 + (f"; trained for the verifier {verifier}" if verifier else ""))
+    notes.append(
+        f"speculators {kind} format: taps = aux_hidden_state_layer_ids - 1 = {dc['target_layer_ids']}"
+        + (f"; trained for the verifier {verifier}" if verifier else "")
+    )
     for k in ("speculators_model_type", "architectures", "model_type", *SPEC_TRAINING):
         rest.pop(k, None)
     return {**rest, **cfg}  # the rest (dtype, transformers_version, ...) classified by the parser
@@ -194,8 +249,10 @@ def translate(raw: dict[str, Any], sd: dict[str, torch.Tensor], folder: Path | N
     fmt = "speculators" if "speculators_model_type" in raw else "hf"
     cfg = _vllm_keys(_speculators(raw, notes) if fmt == "speculators" else raw, notes)
     if folder is not None and (folder / "mask_embedding.pt").is_file():
-        raise CheckpointError(f"{folder / 'mask_embedding.pt'}: a separately trained mask embedding (vLLM substitutes it for "
-                              "the mask token's row) is not implemented; evaluate the drafter without that file only if it was trained so")
+        raise CheckpointError(
+            f"{folder / 'mask_embedding.pt'}: a separately trained mask embedding (vLLM substitutes it for "
+            "the mask token's row) is not implemented; evaluate the drafter without that file only if it was trained so"
+        )
     out = {}
     for k, v in sd.items():
         for a, b in RENAMES:  # substrings, as vLLM's WeightsMapper
@@ -205,8 +262,10 @@ def translate(raw: dict[str, Any], sd: dict[str, torch.Tensor], folder: Path | N
     if t2d is not None and d2t is not None and t2d.dim() == d2t.dim() == 1 and not d2t.is_floating_point():
         mapped = torch.arange(d2t.shape[0]) + d2t.long()  # vLLM's offsets; speculators' t2d marks the same ids
         if not torch.equal(mapped.sort().values, t2d.bool().nonzero()[:, 0]):
-            raise CheckpointError("tensor d2t read as vLLM reads it (target id = i + d2t[i]) does not give the ids tensor t2d "
-                                  "marks: the map is stored in another convention (absolute ids?); not implemented")
+            raise CheckpointError(
+                "tensor d2t read as vLLM reads it (target id = i + d2t[i]) does not give the ids tensor t2d "
+                "marks: the map is stored in another convention (absolute ids?); not implemented"
+            )
     for k in DROPPED:
         if out.pop(k, None) is not None:
             notes.append(f"tensor {k} not read (vLLM skips it)")
@@ -221,39 +280,61 @@ def own_tensors(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> tuple[Drafte
     vocab = cfg.extra.get("vocab_size", embed.shape[0] if embed is not None else None)
     draft = cfg.draft_vocab_size if cfg.draft_vocab_size is not None else vocab
     if (embed is not None or head is not None or d2t is not None or cfg.draft_vocab_size is not None) and vocab is None:
-        raise CheckpointError("config lacks vocab_size (the target's vocabulary), which the drafter's own embedding, LM head "
-                              "or draft vocabulary is read against; add it to config.json")
+        raise CheckpointError(
+            "config lacks vocab_size (the target's vocabulary), which the drafter's own embedding, LM head "
+            "or draft vocabulary is read against; add it to config.json"
+        )
     if draft is not None and vocab is not None and draft > vocab:
         raise CheckpointError(f"draft_vocab_size={draft} exceeds vocab_size={vocab}; fix config.json")
     reduced = draft is not None and draft != vocab
     if reduced and cfg.dflash2 is not None:
-        raise CheckpointError(f"draft_vocab_size={draft} < vocab_size={vocab} in a DFlash2DraftModel: its candidate selector's "
-                              "codebooks are indexed by target token ids over the full vocabulary, and no engine defines the walk "
-                              "over a reduced draft vocabulary; not implemented. Use a full-vocabulary DFlash2 drafter")
+        raise CheckpointError(
+            f"draft_vocab_size={draft} < vocab_size={vocab} in a DFlash2DraftModel: its candidate selector's "
+            "codebooks are indexed by target token ids over the full vocabulary, and no engine defines the walk "
+            "over a reduced draft vocabulary; not implemented. Use a full-vocabulary DFlash2 drafter"
+        )
     if reduced and d2t is None:
-        raise CheckpointError(f"draft_vocab_size={draft} < vocab_size={vocab} needs the draft-to-target id map tensor d2t "
-                              f"[{draft}] (vLLM's draft_id_to_target_id); the checkpoint lacks it")
+        raise CheckpointError(
+            f"draft_vocab_size={draft} < vocab_size={vocab} needs the draft-to-target id map tensor d2t "
+            f"[{draft}] (vLLM's draft_id_to_target_id); the checkpoint lacks it"
+        )
     if reduced and head is None:
-        raise CheckpointError(f"draft_vocab_size={draft} < vocab_size={vocab} needs the drafter's own lm_head.weight [{draft}, "
-                              "hidden]; the checkpoint lacks it")
+        raise CheckpointError(
+            f"draft_vocab_size={draft} < vocab_size={vocab} needs the drafter's own lm_head.weight [{draft}, "
+            "hidden]; the checkpoint lacks it"
+        )
     if d2t is not None:
         if d2t.is_floating_point() or d2t.dim() != 1 or d2t.shape[0] != draft:
-            raise CheckpointError(f"tensor d2t {d2t.dtype} {tuple(d2t.shape)} should be integer offsets [{draft}] (draft_vocab_size)")
+            raise CheckpointError(
+                f"tensor d2t {d2t.dtype} {tuple(d2t.shape)} should be integer offsets [{draft}] (draft_vocab_size)"
+            )
         ids = torch.arange(draft) + d2t.long()
         if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft:
-            raise CheckpointError(f"tensor d2t maps draft ids to target ids outside 0..{vocab - 1} or to one id twice: "
-                                  "it is not a draft-to-target map (i -> i + d2t[i])")
+            raise CheckpointError(
+                f"tensor d2t maps draft ids to target ids outside 0..{vocab - 1} or to one id twice: "
+                "it is not a draft-to-target map (i -> i + d2t[i])"
+            )
         if not reduced:
             if bool(d2t.any()):
-                raise CheckpointError("tensor d2t maps a full-size draft vocabulary (draft_vocab_size = vocab_size) to other "
-                                      "ids; vLLM has no map then. Set draft_vocab_size, or drop d2t")
+                raise CheckpointError(
+                    "tensor d2t maps a full-size draft vocabulary (draft_vocab_size = vocab_size) to other "
+                    "ids; vLLM has no map then. Set draft_vocab_size, or drop d2t"
+                )
             sd = {k: v for k, v in sd.items() if k != "d2t"}  # the identity map: nothing to apply
     if (cfg.target_hidden_size or cfg.hidden_size) != cfg.hidden_size and (embed is None or head is None):
-        raise CheckpointError(f"target_hidden_size={cfg.target_hidden_size} != hidden_size={cfg.hidden_size}: the target's "
-                              "embedding and LM head do not fit the drafter, which then needs its own embed_tokens.weight and "
-                              "lm_head.weight; the checkpoint lacks them")
-    cfg = dataclasses.replace(cfg, own_embed=embed is not None, own_lm_head=head is not None, vocab_map=reduced,
-                              vocab_size=vocab, draft_vocab_size=draft if reduced else None)
+        raise CheckpointError(
+            f"target_hidden_size={cfg.target_hidden_size} != hidden_size={cfg.hidden_size}: the target's "
+            "embedding and LM head do not fit the drafter, which then needs its own embed_tokens.weight and "
+            "lm_head.weight; the checkpoint lacks them"
+        )
+    cfg = dataclasses.replace(
+        cfg,
+        own_embed=embed is not None,
+        own_lm_head=head is not None,
+        vocab_map=reduced,
+        vocab_size=vocab,
+        draft_vocab_size=draft if reduced else None,
+    )
     return cfg, sd
 
 
@@ -261,7 +342,10 @@ def share_equal(drafter: Any, target: Any) -> list[str]:
     """vLLM's proposer: an own embedding / LM head equal to the target's is dropped for the target's (the same
     computation); -> what each side uses, for the log."""
     out = []
-    for name, theirs in (("embed_tokens", target.model.get_input_embeddings()), ("lm_head", target.model.get_output_embeddings())):
+    for name, theirs in (
+        ("embed_tokens", target.model.get_input_embeddings()),
+        ("lm_head", target.model.get_output_embeddings()),
+    ):
         mine = getattr(drafter, name)
         if mine is None:
             out.append(f"{name}: the target's")

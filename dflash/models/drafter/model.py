@@ -1,4 +1,4 @@
-"""The DFlash drafter model (../shared/DFLASH.md §1); its config is dflash/models/drafter/config.py.
+"""The DFlash drafter model (docs/family.md §1); its config is dflash/models/drafter/config.py.
 
 A drafter predicts the B-1 masked slots of a block `[anchor, mask, ..., mask]` in one pass.
 Block tokens are embedded by the target's `embed_tokens` and its final hidden states go through
@@ -45,7 +45,15 @@ from dflash.models.drafter.dflash2 import BlockConv, CandidateSelector
 from dflash.models.drafter.rope import rotary_parameters
 from dflash.util.errors import CheckpointError
 
-__all__ = ["DFlashDrafter", "DrafterConfig", "SLIDING_WINDOW", "build_target_layer_ids", "visibility_mask", "flex_block_mask", "mask_mod"]
+__all__ = [
+    "DFlashDrafter",
+    "DrafterConfig",
+    "SLIDING_WINDOW",
+    "build_target_layer_ids",
+    "visibility_mask",
+    "flex_block_mask",
+    "mask_mod",
+]
 
 ATTENTION_BACKENDS = ("sdpa", "eager", "flex")
 SLIDING_WINDOW = ("apply", "ignore")
@@ -86,7 +94,8 @@ class Rotary:
         """pos [..., L] -> cos, sin [..., L, D] (HF's rotate_half convention)."""
         if self.limit is not None and self._past_limit(pos):
             raise CheckpointError(
-                f"position {int(pos.max())} is past this drafter's {self.rope_type} rope limit of {self.limit} positions: there "
+                f"position {int(pos.max())} is past this drafter's {self.rope_type} rope limit of {self.limit} "
+                f"positions: there "
                 "transformers recomputes the frequencies from the loop's history and SGLang differs; not implemented. "
                 "Use shorter prompts or fewer prompts.max_new_tokens"
             )
@@ -104,8 +113,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None,
-             causal: bool | None = None):
+def mask_mod(
+    anchor_pos: Tensor,
+    ctx_len: int,
+    block_size: int,
+    see_anchor: bool = False,
+    window: int | None = None,
+    causal: bool | None = None,
+):
     """The visibility rule as a flex_attention mask_mod (b, h, q, kv) -> bool; the dense mask
     calls the same function on broadcast index tensors, so the two cannot disagree.
 
@@ -138,19 +153,33 @@ def mask_mod(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool
     return mod
 
 
-def visibility_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None,
-                    causal: bool | None = None) -> Tensor:
+def visibility_mask(
+    anchor_pos: Tensor,
+    ctx_len: int,
+    block_size: int,
+    see_anchor: bool = False,
+    window: int | None = None,
+    causal: bool | None = None,
+) -> Tensor:
     """anchor_pos [S, N] -> bool [S, N*B, T + N*B]: True where a query slot may attend (`mask_mod`)."""
     S, N = anchor_pos.shape
     Q, dev = N * block_size, anchor_pos.device
     b = torch.arange(S, device=dev)[:, None, None]
     q = torch.arange(Q, device=dev)[None, :, None]
     kv = torch.arange(ctx_len + Q, device=dev)[None, None, :]
-    return mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window, causal)(b, None, q, kv).expand(S, Q, ctx_len + Q)
+    return mask_mod(anchor_pos, ctx_len, block_size, see_anchor, window, causal)(b, None, q, kv).expand(
+        S, Q, ctx_len + Q
+    )
 
 
-def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_anchor: bool = False, window: int | None = None,
-                    causal: bool | None = None):
+def flex_block_mask(
+    anchor_pos: Tensor,
+    ctx_len: int,
+    block_size: int,
+    see_anchor: bool = False,
+    window: int | None = None,
+    causal: bool | None = None,
+):
     """The same visibility as `visibility_mask`, as a flex_attention BlockMask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -162,7 +191,9 @@ def flex_block_mask(anchor_pos: Tensor, ctx_len: int, block_size: int, see_ancho
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask, backend: str) -> Tensor:
     """q [S, H, Q, D], k/v [S, Hkv, K, D]; mask bool [S, Q, K] (or BlockMask for flex) -> [S, H, Q, D]."""
-    if backend == "flex":  # flex_attention is not autocast-aware: under autocast its three inputs take autocast's dtype (RMSNorm's q/k stay fp32)
+    # flex_attention is not autocast-aware: under autocast its three inputs take autocast's dtype (RMSNorm's q/k
+    # stay fp32)
+    if backend == "flex":
         if torch.is_autocast_enabled(q.device.type):
             dt = torch.get_autocast_dtype(q.device.type)
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
@@ -283,7 +314,9 @@ class DFlashDrafter(nn.Module):
             self.candidate_selector = CandidateSelector(H, d2.vocab_size or 1, d2.selector_rank)
         apply = sliding_window == "apply"
         self.windows = [cfg.sliding_window if apply and t == "sliding_attention" else None for t in cfg.layer_types]
-        self.causal = [w is not None if cfg.causal is None else cfg.causal for w in self.windows]  # "ignore": as full layers
+        self.causal = [
+            w is not None if cfg.causal is None else cfg.causal for w in self.windows
+        ]  # "ignore": as full layers
         heads = own_heads(cfg)  # the drafter's own embedding / LM head / id map, where its checkpoint has them
         self.embed_tokens, self.lm_head = heads["embed_tokens"], heads["lm_head"]
         self.register_buffer("d2t", heads["d2t"], persistent=heads["d2t"] is not None)
@@ -338,7 +371,8 @@ class DFlashDrafter(nn.Module):
         anchor_pos: Tensor,  # [S, N] absolute position of each anchor
         backend: str = "sdpa",
         see_anchor: bool = False,
-        ctx_kv: list[tuple[Tensor, Tensor]] | None = None,  # context_kv(taps), or a prefix of it: [S, Hkv, T, D] per layer
+        ctx_kv: list[tuple[Tensor, Tensor]]
+        | None = None,  # context_kv(taps), or a prefix of it: [S, Hkv, T, D] per layer
     ) -> Tensor:  # [S, N, B, H] final-normed hidden states (feed to the target's lm_head)
         S, N, B, H = block_emb.shape
         kv = ctx_kv if ctx_kv is not None else self.context_kv(taps)
@@ -354,7 +388,8 @@ class DFlashDrafter(nn.Module):
         return self.norm(x).view(S, N, B, H)
 
     def embed(self, target_embed: Callable[[Tensor], Tensor], ids: Tensor) -> Tensor:
-        """Block tokens [...] -> embeddings [..., H]: the drafter's own `embed_tokens` when it has one, else the target's."""
+        """Block tokens [...] -> embeddings [..., H]: the drafter's own `embed_tokens` when it has one, else the
+        target's."""
         if self.embed_tokens is None:
             return target_embed(ids)
         return self.embed_tokens(ids.to(self.embed_tokens.weight.device))
@@ -371,4 +406,3 @@ class DFlashDrafter(nn.Module):
         full = z.new_full((*z.shape[:-1], self.cfg.vocab_size), float("-inf"))
         full[..., self.d2t.to(z.device) + torch.arange(z.shape[-1], device=z.device)] = z
         return full
-

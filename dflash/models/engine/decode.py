@@ -12,12 +12,13 @@ position id is w - start[r]. So rolling back is moving the write position back: 
 beyond is masked until it is overwritten. Gated DeltaNet layers (Qwen3.5 / 3.6) carry a
 convolution and a recurrent state that no mask can undo: `save_state` copies them before a
 verify, and `rollback` restores that copy and re-advances it over the kept tokens (one more
-forward of a + 1 tokens whenever a block is cut; DFLASH.md §6).
+forward of a + 1 tokens whenever a block is cut; docs/family.md §6).
 
 Speed (CUDA). Fixed shapes let a whole step be captured once as a CUDA graph and replayed with one
 launch: `Generator`'s step and the online loop's draft and verify passes. `compile=True` runs
 inductor over the step first, fusing the small kernels a CUDA graph still launches one by one.
-Both costs are paid once per engine and reported apart (`Engine.setup_s`). Prefill runs eagerly, in chunks that bound its memory. On CPU
+Both costs are paid once per engine and reported apart (`Engine.setup_s`). Prefill runs eagerly, in chunks that bound
+its memory. On CPU
 the same step functions run eagerly, attending over the written positions only.
 
 transformers glue lives here and nowhere else in the engine: the forward's cache keyword
@@ -80,8 +81,10 @@ def unsupported(config) -> str | None:
 
     for i, layer in enumerate(StaticCache(config=config, max_cache_len=1).layers):  # layers allocate lazily: cheap
         if type(layer) not in (StaticLayer, LinearAttentionLayer):
-            return (f"decoder layer {i} keeps a {type(layer).__name__} cache: the static decoding engine handles full "
-                    "attention and Gated DeltaNet layers only")
+            return (
+                f"decoder layer {i} keeps a {type(layer).__name__} cache: the static decoding engine handles full "
+                "attention and Gated DeltaNet layers only"
+            )
     return None
 
 
@@ -110,13 +113,24 @@ class Engine:
     graphs: capture step functions as CUDA graphs (default: on one CUDA device). compile: inductor first.
     """
 
-    def __init__(self, target: Target, batch: int, max_len: int, taps: Sequence[int] = (), graphs: bool | None = None, compile: bool = False):
+    def __init__(
+        self,
+        target: Target,
+        batch: int,
+        max_len: int,
+        taps: Sequence[int] = (),
+        graphs: bool | None = None,
+        compile: bool = False,
+    ):
         self.target, self.batch, self.max_len, self.taps = target, batch, max_len, list(taps)
         dev = self.device = target.device
         sharded = len(set(getattr(target.model, "hf_device_map", {}).values())) > 1
         self.graphs = dev.type == "cuda" and not sharded if graphs is None else graphs
         if self.graphs and (dev.type != "cuda" or sharded):
-            raise TargetError(f"CUDA graphs need a target on one CUDA device; this one is on {dev}" + (" and others" if sharded else ""))
+            raise TargetError(
+                f"CUDA graphs need a target on one CUDA device; this one is on {dev}"
+                + (" and others" if sharded else "")
+            )
         self.compile = compile
         self.decoder = target.model.get_decoder()
         self.head = target.model.get_output_embeddings()
@@ -150,8 +164,12 @@ class Engine:
         pos = (write[None, :] - self.start[:, None]).clamp(min=0)  # [b, q]
         with gqa.engaged(self.decoder.config):  # grouped heads without repeat_kv under our mask (gqa.py)
             out = self.decoder(
-                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                output_hidden_states=bool(self.taps), **{self.cache_kw: self.cache},
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                output_hidden_states=bool(self.taps),
+                **{self.cache_kw: self.cache},
             )
         taps = tap(out.hidden_states, self.taps) if self.taps else None
         return out.last_hidden_state, taps
@@ -161,8 +179,9 @@ class Engine:
         return self.head(h).argmax(-1)
 
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], pad: int = 0, chunk: int = 512,
-                choose: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+    def prefill(
+        self, prompts: list[list[int]], pad: int = 0, chunk: int = 512, choose: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Left-pad the prompts (rows beyond them: one pad token) to P and write positions 0..P-1.
         -> greedy next token [batch], taps [batch, P, n*H] (None without taps)."""
         if not 0 < len(prompts) <= self.batch:
@@ -175,7 +194,7 @@ class Engine:
             raise TargetError(f"a prompt of {P} tokens does not fit the engine's {self.max_len} positions")
         ids = torch.full((self.batch, P), pad, dtype=torch.long)
         for r, row in enumerate(rows):
-            ids[r, P - len(row):] = torch.tensor(row)
+            ids[r, P - len(row) :] = torch.tensor(row)
         ids = ids.to(self.device)
         self.start.copy_(torch.tensor([P - len(r) for r in rows]))
         for layer in self.linear:
@@ -186,7 +205,9 @@ class Engine:
             h, t = self.forward(ids[:, c0:c1], self.positions[c0:c1], view=c1)
             taps.append(t)
         self.length = P
-        first = self.greedy(h[:, -1]) if choose is None else choose(self.head(h[:, -1]))  # choose: logits [batch, V] -> tokens
+        first = (
+            self.greedy(h[:, -1]) if choose is None else choose(self.head(h[:, -1]))
+        )  # choose: logits [batch, V] -> tokens
         return first, (torch.cat(taps, dim=1) if self.taps else None)
 
     # -- rollback of recurrent state --

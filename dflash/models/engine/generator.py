@@ -34,11 +34,23 @@ class Generator:
     reached EOS, feed the next tokens, advance the write position; the host only replays it and
     looks at `done` every `period` steps."""
 
-    def __init__(self, target: Target, batch: int, max_prompt: int, max_new_tokens: int, eos_ids: Sequence[int] | None = None,
-                 graphs: bool | None = None, compile: bool = False, period: int = 8, sampling: Sampling = Sampling()):
+    def __init__(
+        self,
+        target: Target,
+        batch: int,
+        max_prompt: int,
+        max_new_tokens: int,
+        eos_ids: Sequence[int] | None = None,
+        graphs: bool | None = None,
+        compile: bool = False,
+        period: int = 8,
+        sampling: Sampling = Sampling(),
+    ):
         self.max_new = max_new_tokens
         self.sampling = sampling  # temperature 0: argmax; else position-keyed Gumbel-max (sampling.py)
-        self.eng = eng = Engine(target, batch, _round_up(max_prompt + max_new_tokens, 64), graphs=graphs, compile=compile)
+        self.eng = eng = Engine(
+            target, batch, _round_up(max_prompt + max_new_tokens, 64), graphs=graphs, compile=compile
+        )
         dev = eng.device
         self.period = period if eng.graphs else 1
         self.eos = torch.tensor(list(target.eos_ids if eos_ids is None else eos_ids), dtype=torch.long, device=dev)
@@ -46,7 +58,9 @@ class Generator:
         self.write = torch.zeros(1, dtype=torch.long, device=dev)  # [1] its cache position
         self.t = torch.zeros(1, dtype=torch.long, device=dev)  # [1] its index in hist
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)  # [b]
-        self.hist = torch.full((batch, max(max_new_tokens, 8)), -1, dtype=torch.long, device=dev)  # [b, new] -1: nothing
+        self.hist = torch.full(
+            (batch, max(max_new_tokens, 8)), -1, dtype=torch.long, device=dev
+        )  # [b, new] -1: nothing
         self.keys = torch.zeros(batch, dtype=torch.long, device=dev)  # [b] row's noise key (seed, prompt)
         self.at = torch.zeros(batch, dtype=torch.long, device=dev)  # [b] absolute position of the next token
         self.step = eng.capture(self._step, "step")
@@ -60,7 +74,11 @@ class Generator:
 
     def _step(self) -> None:
         h, _ = self.eng.forward(self.ids, self.write)  # [b, 1, H]
-        nxt = self.eng.greedy(h[:, -1]) if self.sampling.greedy else pick(self.eng.head(h[:, -1]), self.sampling, self.keys, self.at)  # [b]
+        nxt = (
+            self.eng.greedy(h[:, -1])
+            if self.sampling.greedy
+            else pick(self.eng.head(h[:, -1]), self.sampling, self.keys, self.at)
+        )  # [b]
         self.at += 1
         self.hist.index_copy_(1, self.t, torch.where(self.done, -1, nxt)[:, None])
         self.done |= torch.isin(nxt, self.eos)
@@ -73,11 +91,16 @@ class Generator:
         """Greedy completions of len(prompts) <= batch prompts (EOS included when reached). `on_tokens(n)`:
         n more tokens recorded, heard every `period` steps (where the loop looks at `done` anyway) and at the end."""
         if max(map(len, prompts)) + self.max_new > self.eng.max_len:
-            raise ValueError(f"a {max(map(len, prompts))}-token prompt + {self.max_new} new tokens exceed the engine's {self.eng.max_len} positions")
+            raise ValueError(
+                f"a {max(map(len, prompts))}-token prompt + {self.max_new} new tokens exceed the engine's "
+                f"{self.eng.max_len} positions"
+            )
         rows = list(prompts) + [[0]] * (self.eng.batch - len(prompts))
         self.keys.copy_(row_keys(rows, self.sampling.seed, self.keys.device))
         self.at.copy_(torch.tensor([len(r) for r in rows]))
-        first, _ = self.eng.prefill(prompts, choose=None if self.sampling.greedy else lambda z: pick(z, self.sampling, self.keys, self.at))
+        first, _ = self.eng.prefill(
+            prompts, choose=None if self.sampling.greedy else lambda z: pick(z, self.sampling, self.keys, self.at)
+        )
         self.at += 1
         P = self.eng.length
         real = torch.arange(self.eng.batch, device=first.device) < len(prompts)
@@ -131,8 +154,16 @@ def choose_compile(choice: bool | str, steps: int, min_steps: int) -> tuple[bool
 
 
 @torch.no_grad()
-def generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16, eos_ids: Sequence[int] | None = None,
-             graphs: bool | None = None, compile: bool = False, generator: Generator | None = None) -> list[list[int]]:
+def generate(
+    target: Target,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    eos_ids: Sequence[int] | None = None,
+    graphs: bool | None = None,
+    compile: bool = False,
+    generator: Generator | None = None,
+) -> list[list[int]]:
     """Greedy completions on a static cache, batches of similar prompt lengths (EOS included when
     reached). One engine serves every batch; pass `generator` to reuse one across calls."""
     out: list[list[int]] = [[] for _ in prompts]
@@ -141,10 +172,17 @@ def generate(target: Target, prompts: list[list[int]], max_new_tokens: int, batc
     b = min(batch_size, len(prompts))
     gen = generator or Generator(target, b, max(len(p) for p in prompts), max_new_tokens, eos_ids, graphs, compile)
     b = gen.eng.batch
-    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s", len(prompts), b, max_new_tokens,
-             "CUDA graphs" + (" (compiled)" if gen.eng.compile else "") if gen.eng.graphs else "eager")
+    log.info(
+        "generate: %d prompts, batches of %d, %d new tokens at most, %s",
+        len(prompts),
+        b,
+        max_new_tokens,
+        "CUDA graphs" + (" (compiled)" if gen.eng.compile else "") if gen.eng.graphs else "eager",
+    )
     try:
-        with Progress("generate", total=len(prompts) * max_new_tokens, unit="tok") as bar:  # the budget; rows that stop early shrink it
+        with Progress(
+            "generate", total=len(prompts) * max_new_tokens, unit="tok"
+        ) as bar:  # the budget; rows that stop early shrink it
             for rows in length_batches(prompts, b):
                 for i, comp in zip(rows, gen([prompts[i] for i in rows], on_tokens=bar.update)):
                     out[i] = comp

@@ -25,20 +25,33 @@ from torch import Tensor
 ATTN = "dflash_packed_gqa"
 
 
-def packed_gqa(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-               dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[Tensor, None]:
-    """transformers' attention-function signature: query [b, h, q, d], key/value [b, k, n, d] -> ([b, q, h, d], None)."""
+def packed_gqa(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query [b, h, q, d], key/value [b, k, n, d] -> ([b, q, h, d],
+    None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
     if groups == 1 or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or dropout:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     b, h, q, d = query.shape
     k = key.shape[1]
     packed = query.reshape(b, k, groups * q, d)  # head k*G+g, row t -> head k, row g*q+t
     mb = attention_mask.shape[0]
     mask = attention_mask[:, :, None].expand(mb, 1, groups, q, attention_mask.shape[-1]).reshape(mb, 1, groups * q, -1)
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)  # [b, k, G*q, dv]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        packed, key, value, attn_mask=mask, scale=scaling
+    )  # [b, k, G*q, dv]
     return out.reshape(b, h, q, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 

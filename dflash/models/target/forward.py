@@ -30,7 +30,8 @@ def _forward_params(cls: type) -> frozenset[str]:
 
 
 def cache_kwarg(cls: type) -> str:
-    """The keyword a transformers model class's forward takes its cache by: `past_key_values` (5.17) or `cache` (5.24)."""
+    """The keyword a transformers model class's forward takes its cache by: `past_key_values` (5.17) or `cache`
+    (5.24)."""
     return "cache" if "cache" in _forward_params(cls) else "past_key_values"
 
 
@@ -55,7 +56,11 @@ def forward(
     """One target forward; `cache` (a DynamicCache) is extended in place. `last_logits_only` skips
     the lm_head at every position but the last (taps need no logits)."""
     kw: dict[str, Any] = dict(
-        input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None, output_hidden_states=hidden_states
+        input_ids=ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=cache is not None,
+        output_hidden_states=hidden_states,
     )
     if cache is not None:
         kw[cache_kwarg(type(target.model))] = cache
@@ -95,7 +100,11 @@ def _chunked_prefill_ok(config: Any) -> bool:
 
 @torch.no_grad()
 def tapped_forward(
-    target: Target, ids: Tensor, layer_ids: list[int], attention_mask: Tensor | None = None, chunk_tokens: int | None = None
+    target: Target,
+    ids: Tensor,
+    layer_ids: list[int],
+    attention_mask: Tensor | None = None,
+    chunk_tokens: int | None = None,
 ) -> Tensor:
     """ids [S, T] -> taps [S, T, n*H] (on the head device; right padding is harmless: attention is
     causal). Runs the decoder only up to the deepest tapped layer and keeps only the tapped layers'

@@ -17,7 +17,10 @@ import inspect
 import sys
 from typing import Any, Callable
 
-DELTA_RULE = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")  # prefill (chunked), decode (recurrent)
+DELTA_RULE = (
+    "torch_chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule",
+)  # prefill (chunked), decode (recurrent)
 CONV = ("causal_conv1d_fn", "causal_conv1d_update")
 
 
@@ -74,8 +77,14 @@ def linear_attention_kernel(model: Any) -> str | None:
     found = {name: package(getattr(mod, name)) for name in DELTA_RULE + CONV if callable(getattr(mod, name, None))}
     rule = {found[n] for n in DELTA_RULE if n in found}
     conv = {found[n] for n in CONV if n in found}
-    name = lambda pkgs: "torch fallback" if pkgs <= {"transformers"} else "+".join(sorted(pkgs - {"transformers"})) + (  # noqa: E731
-        " (partly torch fallback)" if "transformers" in pkgs else "")
+
+    def name(pkgs: set[str]) -> str:
+        if pkgs <= {"transformers"}:
+            return "torch fallback"
+        return "+".join(sorted(pkgs - {"transformers"})) + (
+            " (partly torch fallback)" if "transformers" in pkgs else ""
+        )
+
     label = name(rule) if rule else "unknown"
     if conv and name(conv) != label and not (conv <= {"transformers"} and label == "torch fallback"):
         label += f", conv1d {name(conv)}"

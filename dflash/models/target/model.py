@@ -1,4 +1,5 @@
-"""The target model: what it is (cheap) and its weights (loaded once); its forward, KV cache and taps: dflash.models.target.forward.
+"""The target model: what it is (cheap) and its weights (loaded once); its forward, KV cache and taps:
+dflash.models.target.forward.
 
 `inspect_target(kind, path, cache_dir)` -> `TargetInfo`: config, tokenizer, identity, context limit,
 EOS ids, in seconds and without reading a weight, so every check that needs only shapes or the
@@ -129,7 +130,9 @@ def _eos_ids(ids: Any, tokenizer: Any) -> list[int]:
 _INFO = PROCESS.memo("target.info")  # inspected targets: the jobs of a sweep in one process read each once
 
 
-def inspect_target(kind: str, path: str, cache_dir: str | Path = ".cache", max_context: int | None = None) -> TargetInfo:
+def inspect_target(
+    kind: str, path: str, cache_dir: str | Path = ".cache", max_context: int | None = None
+) -> TargetInfo:
     """What the target is, without its weights (seconds; a GGUF is hashed once per file version;
     remembered in this process while the source is unchanged)."""
     key = (kind, path, str(cache_dir), max_context, _source_stamp(kind, path))
@@ -206,7 +209,7 @@ def _load_vlm_text(folder: Path, text_cfg: Any, dtype: torch.dtype, attn: str, d
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
                 if k.startswith("model.language_model."):
-                    sd["model." + k[len("model.language_model."):]] = st.get_tensor(k).to(dtype)
+                    sd["model." + k[len("model.language_model.") :]] = st.get_tensor(k).to(dtype)
                 elif k.startswith("lm_head."):
                     sd[k] = st.get_tensor(k).to(dtype)
     if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
@@ -214,10 +217,14 @@ def _load_vlm_text(folder: Path, text_cfg: Any, dtype: torch.dtype, attn: str, d
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     except RuntimeError as e:  # shapes that differ from the config
-        raise TargetError(f"{folder}: text-decoder weights do not fit its config.json: {str(e).splitlines()[-1].strip()}") from None
+        raise TargetError(
+            f"{folder}: text-decoder weights do not fit its config.json: {str(e).splitlines()[-1].strip()}"
+        ) from None
     missing = [m for m in missing if not m.endswith("inv_freq")]
     if missing or unexpected:
-        raise TargetError(f"{folder}: text-decoder weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise TargetError(
+            f"{folder}: text-decoder weights do not fit (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     for name, buf in list(model.named_buffers()):  # rotary buffers were built on meta: rebuild them
         if buf.is_meta:
             mod = model.get_submodule(name.rsplit(".", 1)[0])
@@ -279,7 +286,11 @@ def load_target(
     hf_logging.disable_progress_bar()
     tdtype = getattr(torch, dtype)
     cache = Path(cache_dir).expanduser()
-    folder = info.weights if info.weights is not None else weight_files.ensure_converted(Path(info.source), info.identity, cache)
+    folder = (
+        info.weights
+        if info.weights is not None
+        else weight_files.ensure_converted(Path(info.source), info.identity, cache)
+    )
     via = f" (converted copy {folder})" if kind == "gguf" else ""
     log.info("target: loading %s%s: %d layers, %s, %s", info.source, via, info.num_layers, dtype, device_map or device)
     t0 = time.perf_counter()
@@ -287,20 +298,41 @@ def load_target(
         model = _load_vlm_text(folder, info.config, tdtype, attn, device_map)
     else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=tdtype, attn_implementation=attn, device_map=device_map)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(folder), dtype=tdtype, attn_implementation=attn, device_map=device_map
+            )
         except RuntimeError as e:
             if "mismatch" not in str(e):
                 raise
-            raise TargetError(f"{folder}: the weights' shapes do not match its config.json (transformers' loading report above names them)") from None
+            raise TargetError(
+                f"{folder}: the weights' shapes do not match its config.json (transformers' loading report above names "
+                f"them)"
+            ) from None
     if device_map is None:
         model = model.to(device)
     if str(device) == "cpu" and (rerouted := kernels.use_torch_fallback(model)):
-        log.info("target: on CPU, Gated DeltaNet runs transformers' torch code (%s rerouted from their CUDA-only kernels)", ", ".join(rerouted))
+        log.info(
+            "target: on CPU, Gated DeltaNet runs transformers' torch code (%s rerouted from their CUDA-only kernels)",
+            ", ".join(rerouted),
+        )
     model.eval().requires_grad_(False)
-    target = Target(model=model, tokenizer=info.tokenizer, identity=info.identity, source=info.source, max_context=info.max_context, info=info)
-    got, want = (target.num_layers, target.hidden_size, target.vocab_size), (info.num_layers, info.hidden_size, info.vocab_size)
+    target = Target(
+        model=model,
+        tokenizer=info.tokenizer,
+        identity=info.identity,
+        source=info.source,
+        max_context=info.max_context,
+        info=info,
+    )
+    got, want = (
+        (target.num_layers, target.hidden_size, target.vocab_size),
+        (info.num_layers, info.hidden_size, info.vocab_size),
+    )
     if got != want:
-        raise TargetError(f"{info.source}: the weights have (layers, hidden, vocab) {got} but the config says {want}; the folder is inconsistent")
+        raise TargetError(
+            f"{info.source}: the weights have (layers, hidden, vocab) {got} but the config says {want}; the folder is "
+            f"inconsistent"
+        )
     _check_once(model, info, tdtype, cache)
     log.info("target: loaded in %.1f s", time.perf_counter() - t0)
     _LOADED.put(key, target)

@@ -38,11 +38,21 @@ class Sampling:
 
     def key(self) -> dict[str, float | int] | None:
         """What decides the samples, for cache keys and run tags; None when greedy (keys unchanged)."""
-        return None if self.greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        return (
+            None
+            if self.greedy
+            else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        )
 
     def convention(self) -> str:
-        return "greedy" if self.greedy else (f"z-lab sampled (T={self.temperature:g}, top_p={self.top_p:g}, top_k={self.top_k}, seed={self.seed}; "
-                                             "greedy drafts accepted where they equal the sampled token)")
+        return (
+            "greedy"
+            if self.greedy
+            else (
+                f"z-lab sampled (T={self.temperature:g}, top_p={self.top_p:g}, top_k={self.top_k}, seed={self.seed}; "
+                "greedy drafts accepted where they equal the sampled token)"
+            )
+        )
 
 
 def prompt_key(prompt: list[int], seed: int) -> int:

@@ -196,5 +196,3 @@ def check_finite(named: Iterable[tuple[str, Tensor]], what: str) -> None:
                 f"{what}: weight {name} {tuple(t.shape)} holds NaN or inf values; the checkpoint is corrupt "
                 "(or overflows the dtype it is loaded in): re-export it, or load it in float32 / bfloat16"
             )
-
-

@@ -1,1 +1,2 @@
-"""The prompts stage: prompt sets and rendering (`sets`) and the field's benchmarks worded as published (`benchmarks`)."""
+"""The prompts stage: prompt sets and rendering (`sets`) and the field's benchmarks worded as published
+(`benchmarks`)."""

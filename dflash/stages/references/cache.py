@@ -21,7 +21,9 @@ from dflash.util.files import atomic_write_text
 from dflash.util.progress import log
 
 
-def reference_key(identity: str, source: str, prompt_ids: list[int], max_new_tokens: int, template: dict[str, Any]) -> str:
+def reference_key(
+    identity: str, source: str, prompt_ids: list[int], max_new_tokens: int, template: dict[str, Any]
+) -> str:
     blob = json.dumps([identity, source, prompt_ids, max_new_tokens, sorted(template.items())], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -42,7 +44,10 @@ def completion_problem(ids: Any, max_new_tokens: int, eos_ids: list[int], vocab_
     if early is not None:
         return f"goes on past the stop token {ids[early]} at position {early}"
     if len(ids) < max_new_tokens and ids[-1] not in stop:
-        return f"stops after {len(ids)} of {max_new_tokens} tokens at token {ids[-1]}, not at one of the target's stop tokens {eos_ids}"
+        return (
+            f"stops after {len(ids)} of {max_new_tokens} tokens at token {ids[-1]}, not at one of the target's stop "
+            f"tokens {eos_ids}"
+        )
     return None
 
 
@@ -62,7 +67,11 @@ class ReferenceCache:
         except FileNotFoundError:
             return False
         except OSError as e:
-            log.warning("references: cannot remove the refused reference %s (%s); references.refresh=true replaces it", self._path(key), e)
+            log.warning(
+                "references: cannot remove the refused reference %s (%s); references.refresh=true replaces it",
+                self._path(key),
+                e,
+            )
             return False
 
     def get(self, key: str, problem: Callable[[Any], str | None] | None = None) -> list[int] | None:
@@ -87,7 +96,11 @@ class ReferenceCache:
             atomic_write_text(self._path(key), json.dumps({**meta, "completion_ids": completion_ids}))
         except OSError as e:  # disk full, permissions changed under us: keep the run going
             self.read_only = f"{type(e).__name__}: {e}"
-            log.warning("references: cannot write the cache %s (%s): this run's references stay in memory only", self.root, self.read_only)
+            log.warning(
+                "references: cannot write the cache %s (%s): this run's references stay in memory only",
+                self.root,
+                self.read_only,
+            )
 
     def check_writable(self) -> str | None:
         """Try to write here (a probe file, removed); -> why not, or None."""

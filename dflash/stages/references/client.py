@@ -57,9 +57,15 @@ class Client:
     def __init__(self, url: str, policy: ReferencesConfig):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise ReferenceError(f"references.url={url!r} is not an http(s) URL; e.g. references.url=http://127.0.0.1:30000")
+            raise ReferenceError(
+                f"references.url={url!r} is not an http(s) URL; e.g. references.url=http://127.0.0.1:30000"
+            )
         self.url, self.policy = url.rstrip("/"), policy
-        self._conn = (http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection, u.hostname, u.port)
+        self._conn = (
+            http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection,
+            u.hostname,
+            u.port,
+        )
         self._prefix = u.path.rstrip("/")
         self._live: dict[http.client.HTTPConnection, socket.socket | None] = {}  # calls in flight and their sockets
         self._lock = threading.Lock()
@@ -94,8 +100,11 @@ class Client:
                 raise ReferenceError(f"{where}: {e}") from None
             wait = p.backoff_s * 2**attempt
             if attempt == p.retries or time.monotonic() + wait >= end:
-                raise ReferenceError(f"{where} did not answer after {attempt + 1} attempt(s) ({why}); start the server, check references.url, "
-                                     "raise references.retries / references.deadline_s, or use references=local") from None
+                raise ReferenceError(
+                    f"{where} did not answer after {attempt + 1} attempt(s) ({why}); start the server, check "
+                    f"references.url, "
+                    "raise references.retries / references.deadline_s, or use references=local"
+                ) from None
             log.warning("%s: %s; retrying in %.1f s (%d of %d)", where, why, wait, attempt + 1, p.retries)
             time.sleep(wait)
         if status >= 400:
@@ -103,8 +112,10 @@ class Client:
         try:
             return json.loads(body)
         except ValueError:
-            raise ReferenceError(f"{where} answered HTTP {status} with something that is not JSON: {snippet(body)}; "
-                                 "is references.url the server itself (not a proxy or a web page)?") from None
+            raise ReferenceError(
+                f"{where} answered HTTP {status} with something that is not JSON: {snippet(body)}; "
+                "is references.url the server itself (not a proxy or a web page)?"
+            ) from None
 
     def _once(self, method: str, path: str, payload: dict[str, Any] | None, end: float) -> tuple[int, bytes]:
         p = self.policy
@@ -124,10 +135,17 @@ class Client:
             except TimeoutError:
                 raise _Retry(f"no connection within references.connect_timeout_s={p.connect_timeout_s:g} s") from None
             with self._lock:
-                self._live[conn] = conn.sock  # kept: http.client lets go of conn.sock once an answer will close the connection
+                self._live[conn] = (
+                    conn.sock
+                )  # kept: http.client lets go of conn.sock once an answer will close the connection
             conn.sock.settimeout(max(1e-3, min(p.read_timeout_s, end - time.monotonic())))
             body = json.dumps(payload).encode() if payload is not None else None
-            conn.request(method, self._prefix + path, body=body, headers={"Content-Type": "application/json", "Accept": "application/json"})
+            conn.request(
+                method,
+                self._prefix + path,
+                body=body,
+                headers={"Content-Type": "application/json", "Accept": "application/json"},
+            )
             resp = conn.getresponse()
             return resp.status, resp.read()
         except (OSError, http.client.HTTPException) as e:

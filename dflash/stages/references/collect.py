@@ -82,9 +82,16 @@ class ReferenceOptions(ReferencesConfig):
             ("backoff_s", self.backoff_s >= 0, "must be >= 0 seconds"),
             ("probe_prompts", self.probe_prompts >= 0, "must be >= 0 (0: no probe)"),
             ("probe_min_agreement", 0.0 <= self.probe_min_agreement <= 1.0, "must be in [0, 1]"),
-            ("temperature", isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
-             "must be a number >= 0 (0: greedy references; z-lab's tables use 0 and 1)"),
-            ("top_p", isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0, "must be in (0, 1] (1: no nucleus cut)"),
+            (
+                "temperature",
+                isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
+                "must be a number >= 0 (0: greedy references; z-lab's tables use 0 and 1)",
+            ),
+            (
+                "top_p",
+                isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0,
+                "must be in (0, 1] (1: no nucleus cut)",
+            ),
             ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "must be an integer >= 0 (0: no top-k cut)"),
             ("seed", isinstance(self.seed, int) and 0 <= self.seed < 2**31, "must be an integer in [0, 2^31)"),
         ]
@@ -109,16 +116,25 @@ class ReferenceStats:
     probe_prefix_agreement: float | None = None  # server tokens matched by the local target before the first divergence
     probe_exact_match: float | None = None  # probe prompts whose references are identical
     engine: str | None = None  # local generation: how it ran (static cache, CUDA graphs, compiled or not and why)
-    setup_s: float | None = None  # local generation: the engine's set-up before its first token (compile, capture); None: none built
+    setup_s: float | None = (
+        None  # local generation: the engine's set-up before its first token (compile, capture); None: none built
+    )
     warnings: list[str] = field(default_factory=list)
-    served: dict[tuple[int, ...], Served] = field(default_factory=dict)  # prompt ids -> the server's speculative counters (stages/served.py)
+    served: dict[tuple[int, ...], Served] = field(
+        default_factory=dict
+    )  # prompt ids -> the server's speculative counters (stages/served.py)
     cache: ReferenceCache | None = None  # where the references are cached (None: references.use_cache=false)
-    keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # prompt ids -> its reference's cache key (`drop_references`)
+    keys: dict[tuple[int, ...], str] = field(
+        default_factory=dict
+    )  # prompt ids -> its reference's cache key (`drop_references`)
 
     def metrics(self) -> dict[str, float | None]:
         if not self.probe_prompts:
             return {}
-        return {"references/probe_prefix_agreement": self.probe_prefix_agreement, "references/probe_exact_match": self.probe_exact_match}
+        return {
+            "references/probe_prefix_agreement": self.probe_prefix_agreement,
+            "references/probe_exact_match": self.probe_exact_match,
+        }
 
 
 # --- plan and run -----------------------------------------------------------------------------
@@ -145,8 +161,18 @@ def _names(n: int, names: list[str] | None) -> list[str]:
     return [f"prompt {i} ({names[i]!r})" if names else f"prompt {i}" for i in range(n)]
 
 
-def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path, dtype: Any,
-          o: ReferenceOptions, names: list[str], server: Server | None, strict: bool = True) -> ReferencePlan:
+def _plan(
+    target: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    template: dict[str, Any],
+    cache_dir: str | Path,
+    dtype: Any,
+    o: ReferenceOptions,
+    names: list[str],
+    server: Server | None,
+    strict: bool = True,
+) -> ReferencePlan:
     o.validate(max_new_tokens)
     if o.source == "local":
         src, meta = f"local:{_dtype_name(dtype)}", {"source": "local", "dtype": _dtype_name(dtype)}
@@ -169,15 +195,27 @@ def _plan(target: Any, prompts: list[list[int]], max_new_tokens: int, template: 
     if cache is not None and (why := cache.check_writable()) and plan.missing and strict:
         miss = plan.missing
         raise ReferenceError(
-            f"the reference cache {cache.root} cannot be written ({why}) and lacks {len(miss)} of {len(keys)} references this run needs "
-            f"(first: {names[miss[0]]}){'; references.refresh=true regenerates them all' if o.refresh else ''}. Make it writable, point "
-            "cache_dir (or DFLASH_CACHE_DIR) at a writable folder, or set references.use_cache=false to generate without caching"
+            f"the reference cache {cache.root} cannot be written ({why}) and lacks {len(miss)} of {len(keys)} "
+            f"references this run needs "
+            f"(first: {names[miss[0]]}){'; references.refresh=true regenerates them all' if o.refresh else ''}. Make "
+            f"it writable, point "
+            "cache_dir (or DFLASH_CACHE_DIR) at a writable folder, or set references.use_cache=false to generate "
+            "without caching"
         )
     return plan
 
 
-def check_references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
-                     dtype: Any, names: list[str] | None = None, options: ReferenceOptions | None = None, **fields: Any) -> ReferencePlan:
+def check_references(
+    target: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    template: dict[str, Any],
+    cache_dir: str | Path,
+    dtype: Any,
+    names: list[str] | None = None,
+    options: ReferenceOptions | None = None,
+    **fields: Any,
+) -> ReferencePlan:
     """Pre-flight, before the target's weights load (`target` may be a `TargetInfo`; `dtype` is the one
     it will load in): the options, the server (reachable, its model known), the cache (writable, or
     read-only and complete). Pass the plan's `server` to `get_references` to skip asking again."""
@@ -185,28 +223,57 @@ def check_references(target: Any, prompts: list[list[int]], max_new_tokens: int,
     return _plan(target, prompts, max_new_tokens, template, cache_dir, dtype, o, _names(len(prompts), names), None)
 
 
-def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
-                o: ReferenceOptions, names: list[str], server: Server | None, strict: bool = True) -> tuple[list[list[int]], ReferenceStats]:
+def _references(
+    target: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    template: dict[str, Any],
+    cache_dir: str | Path,
+    o: ReferenceOptions,
+    names: list[str],
+    server: Server | None,
+    strict: bool = True,
+) -> tuple[list[list[int]], ReferenceStats]:
     plan = _plan(target, prompts, max_new_tokens, template, cache_dir, target.dtype, o, names, server, strict)
     todo = plan.missing
     refs = list(plan.cached)
     ro = plan.cache is not None and plan.cache.read_only
-    stats = ReferenceStats(hits=len(prompts) - len(todo), source=o.source,
-                           convention=o.sampling.convention(), server=plan.server.reported if plan.server else None, read_only=bool(ro),
-                           cache=plan.cache, keys={tuple(p): k for p, k in zip(prompts, plan.keys)})
+    stats = ReferenceStats(
+        hits=len(prompts) - len(todo),
+        source=o.source,
+        convention=o.sampling.convention(),
+        server=plan.server.reported if plan.server else None,
+        read_only=bool(ro),
+        cache=plan.cache,
+        keys={tuple(p): k for p, k in zip(prompts, plan.keys)},
+    )
     if o.source != "local" and plan.cache is not None:  # counters of cached answers, kept beside them
         for i in range(len(prompts)):
             if refs[i] is not None and (s := plan.cache.served(plan.keys[i])) is not None:
                 stats.served[tuple(prompts[i])] = s
     if ro and not todo:
-        log.warning("references: the cache %s cannot be written (%s): using its %d references read-only", plan.cache.root, ro, len(prompts))
-    log.info("references (%s): %d prompts, %d cached, %d to generate%s", o.source, len(prompts), stats.hits, len(todo),
-             " (references.refresh=true)" if o.refresh and todo else "")
+        log.warning(
+            "references: the cache %s cannot be written (%s): using its %d references read-only",
+            plan.cache.root,
+            ro,
+            len(prompts),
+        )
+    log.info(
+        "references (%s): %d prompts, %d cached, %d to generate%s",
+        o.source,
+        len(prompts),
+        stats.hits,
+        len(todo),
+        " (references.refresh=true)" if o.refresh and todo else "",
+    )
 
     def done(j: int, comp: list[int]) -> None:  # j indexes todo
         i = todo[j]
         if (why := completion_problem(comp, max_new_tokens, target.eos_ids, target.vocab_size)) is not None:
-            raise ReferenceError(f"{names[i]}: the {o.source} reference {why} (got {snippet(json.dumps(comp), 120)}); nothing of it was cached")
+            raise ReferenceError(
+                f"{names[i]}: the {o.source} reference {why} (got {snippet(json.dumps(comp), 120)}); nothing of it was "
+                f"cached"
+            )
         refs[i] = comp
         stats.generated += 1
         stats.new_tokens += len(comp)
@@ -219,42 +286,90 @@ def _references(target: Any, prompts: list[list[int]], max_new_tokens: int, temp
     if todo:
         sub = [prompts[i] for i in todo]
         if o.source == "local":
+
             def engine(label: str, setup_s: float | None) -> None:
                 stats.engine, stats.setup_s = label, setup_s
 
-            greedy_generate(target, sub, max_new_tokens, o.batch_size, on_done=done, compile=o.compile, compile_min_steps=o.compile_min_steps,
-                            on_engine=engine, sampling=o.sampling)
+            greedy_generate(
+                target,
+                sub,
+                max_new_tokens,
+                o.batch_size,
+                on_done=done,
+                compile=o.compile,
+                compile_min_steps=o.compile_min_steps,
+                on_engine=engine,
+                sampling=o.sampling,
+            )
         else:
             assert plan.server is not None
-            server_generate(plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling)
+            server_generate(
+                plan.server, target, sub, max_new_tokens, [names[i] for i in todo], done, o.concurrency, o.sampling
+            )
             stats.retokenized = plan.server.retokenized
             if plan.server.count_mismatch:
-                stats.warnings.append(f"{plan.server.count_mismatch} of {plan.server.retokenized} text answers re-tokenize to another length than "
-                                      "the server counted: its tokenizer differs from the target's (prefer references=sglang)")
+                stats.warnings.append(
+                    f"{plan.server.count_mismatch} of {plan.server.retokenized} text answers re-tokenize to another "
+                    f"length than "
+                    "the server counted: its tokenizer differs from the target's (prefer references=sglang)"
+                )
                 log.warning("references: %s", stats.warnings[-1])
     assert all(r is not None for r in refs), "a prompt was left without a reference"
     return refs, stats  # type: ignore[return-value]
 
 
-def _probe(target: Any, prompts: list[list[int]], refs: list[list[int]], max_new_tokens: int, template: dict[str, Any], cache_dir: str | Path,
-           o: ReferenceOptions, names: list[str], stats: ReferenceStats) -> None:
+def _probe(
+    target: Any,
+    prompts: list[list[int]],
+    refs: list[list[int]],
+    max_new_tokens: int,
+    template: dict[str, Any],
+    cache_dir: str | Path,
+    o: ReferenceOptions,
+    names: list[str],
+    stats: ReferenceStats,
+) -> None:
     """Generate a few prompts (spread over the set) with the local target; compare with the server's."""
     k = min(o.probe_prompts, len(prompts))
     idx = [j * len(prompts) // k for j in range(k)]
     log.info("references: probing the server against the local target on %d prompts", k)
     lo = dataclasses.replace(o, source="local", probe_prompts=0)  # the same options, generated here
-    local, _ = _references(target, [prompts[i] for i in idx], max_new_tokens, template, cache_dir, lo, [names[i] for i in idx], None, strict=False)
+    local, _ = _references(
+        target,
+        [prompts[i] for i in idx],
+        max_new_tokens,
+        template,
+        cache_dir,
+        lo,
+        [names[i] for i in idx],
+        None,
+        strict=False,
+    )
     served = [refs[i] for i in idx]
-    same = [next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)]
+    same = [
+        next((n for n, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(local, served)
+    ]
     stats.probe_prompts = k
-    agreement = stats.probe_prefix_agreement = ratio(sum(same), sum(map(len, served)))  # None: the server gave no token to compare
+    agreement = stats.probe_prefix_agreement = ratio(
+        sum(same), sum(map(len, served))
+    )  # None: the server gave no token to compare
     stats.probe_exact_match = sum(x == y for x, y in zip(local, served)) / k
-    log.info("references: probe: %s of the server's tokens agree with the local target before the first divergence; %d of %d identical",
-             "-" if agreement is None else f"{agreement:.1%}", round(stats.probe_exact_match * k), k)
+    log.info(
+        "references: probe: %s of the server's tokens agree with the local target before the first divergence; %d of "
+        "%d identical",
+        "-" if agreement is None else f"{agreement:.1%}",
+        round(stats.probe_exact_match * k),
+        k,
+    )
     if agreement is not None and agreement < o.probe_min_agreement:
-        w = (f"the {o.source} server's references agree with the local target on {agreement:.1%} of tokens before the first "
-             f"divergence ({round(stats.probe_exact_match * k)} of {k} probe prompts identical), below references.probe_min_agreement="
-             f"{o.probe_min_agreement:g}: the server runs another model, dtype or template than the target, so τ is measured against its outputs")
+        w = (
+            f"the {o.source} server's references agree with the local target on {agreement:.1%} of tokens before the "
+            f"first "
+            f"divergence ({round(stats.probe_exact_match * k)} of {k} probe prompts identical), below "
+            f"references.probe_min_agreement="
+            f"{o.probe_min_agreement:g}: the server runs another model, dtype or template than the target, so τ is "
+            f"measured against its outputs"
+        )
         log.warning("references: %s", w)
         stats.warnings.append(w)
 

@@ -22,14 +22,23 @@ from dflash.models.target.forward import forward, new_cache
 from dflash.models.target.sampling import Sampling, pick, row_keys
 from dflash.util.progress import Progress, log
 
-COMPILE_MIN_STEPS = ReferencesConfig.compile_min_steps  # references.compile=auto's threshold (the measured break-even: docs/results.md)
+COMPILE_MIN_STEPS = (
+    ReferencesConfig.compile_min_steps
+)  # references.compile=auto's threshold (the measured break-even: docs/results.md)
 
 
 @torch.no_grad()
-def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16,
-                    on_done: Callable[[int, list[int]], None] | None = None, compile: bool | str = False,
-                    compile_min_steps: int = COMPILE_MIN_STEPS, on_engine: Callable[[str, float | None], None] | None = None,
-                    sampling: Sampling = Sampling()) -> list[list[int]]:
+def greedy_generate(
+    target: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    on_done: Callable[[int, list[int]], None] | None = None,
+    compile: bool | str = False,
+    compile_min_steps: int = COMPILE_MIN_STEPS,
+    on_engine: Callable[[str, float | None], None] | None = None,
+    sampling: Sampling = Sampling(),
+) -> list[list[int]]:
     """Greedy completions (or sampled: `sampling`, position-keyed, so independent of the batch;
     EOS included when reached), batched with left padding. `on_done(i,
     completion)` runs as each prompt finishes: on CPU as each row stops, with CUDA's static-cache
@@ -45,13 +54,24 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
     t0 = time.perf_counter()
     engine = _static_engine(target, b, max(map(len, prompts)), max_new_tokens, comp, sampling)
     setup = time.perf_counter() - t0
-    label = (f"static cache{', CUDA graphs' if engine.eng.graphs else ''}, {'compiled' if comp else 'not compiled'} ({why})" if engine
-             else "dynamic cache")
+    label = (
+        f"static cache{', CUDA graphs' if engine.eng.graphs else ''}, {'compiled' if comp else 'not compiled'} ({why})"
+        if engine
+        else "dynamic cache"
+    )
     if on_engine is not None:
         on_engine(label, setup if engine else None)
-    log.info("generate: %d prompts, batches of %d, %d new tokens at most, %s%s", len(prompts), b, max_new_tokens, label,
-             f"; engine set-up {setup:.1f} s" if engine else "")
-    with Progress("generate", total=len(prompts) * max_new_tokens, unit="tok") as bar:  # the budget; rows that stop early shrink it
+    log.info(
+        "generate: %d prompts, batches of %d, %d new tokens at most, %s%s",
+        len(prompts),
+        b,
+        max_new_tokens,
+        label,
+        f"; engine set-up {setup:.1f} s" if engine else "",
+    )
+    with Progress(
+        "generate", total=len(prompts) * max_new_tokens, unit="tok"
+    ) as bar:  # the budget; rows that stop early shrink it
 
         def tick(n: int) -> None:  # n more tokens decoded: every decode step (CPU) or every few (the engine)
             bar.update(n, prompts=f"{finished}/{len(prompts)} done")
@@ -70,25 +90,50 @@ def greedy_generate(target: Any, prompts: list[list[int]], max_new_tokens: int, 
                     for i, comp in zip(rows, engine([prompts[i] for i in rows], on_tokens=tick)):
                         finish(i, comp)
                 else:
-                    _dynamic_batch(target, [prompts[i] for i in rows], max_new_tokens, lambda r, comp: finish(rows[r], comp), sampling, tick)
+                    _dynamic_batch(
+                        target,
+                        [prompts[i] for i in rows],
+                        max_new_tokens,
+                        lambda r, comp: finish(rows[r], comp),
+                        sampling,
+                        tick,
+                    )
         finally:
             if engine is not None:
-                engine.close()  # its GPU memory now, not at the next cyclic collection (a training run builds one per shard)
+                # its GPU memory now, not at the next cyclic collection (a training run builds one per shard)
+                engine.close()
     return out
 
 
-def _static_engine(target: Any, batch: int, max_prompt: int, max_new_tokens: int, compile: bool = False, sampling: Sampling = Sampling()) -> Any:
+def _static_engine(
+    target: Any,
+    batch: int,
+    max_prompt: int,
+    max_new_tokens: int,
+    compile: bool = False,
+    sampling: Sampling = Sampling(),
+) -> Any:
     """generator.Generator (static cache, CUDA graphs) on CUDA where it supports the target, else None."""
     if target.device.type != "cuda":
         return None
     from dflash.models.engine.decode import unsupported
     from dflash.models.engine.generator import Generator
 
-    return Generator(target, batch, max_prompt, max_new_tokens, compile=compile, sampling=sampling) if unsupported(target.config) is None else None
+    return (
+        Generator(target, batch, max_prompt, max_new_tokens, compile=compile, sampling=sampling)
+        if unsupported(target.config) is None
+        else None
+    )
 
 
-def _dynamic_batch(target: Any, prompts: list[list[int]], max_new_tokens: int, finish: Callable[[int, list[int]], None],
-                   sampling: Sampling = Sampling(), tick: Callable[[int], None] | None = None) -> None:
+def _dynamic_batch(
+    target: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    finish: Callable[[int, list[int]], None],
+    sampling: Sampling = Sampling(),
+    tick: Callable[[int], None] | None = None,
+) -> None:
     """One left-padded batch on a dynamic KV cache; finish(row, completion) as each row stops; tick(n) after
     every decode step, n: the tokens it produced (rows still running)."""
     dev = target.device

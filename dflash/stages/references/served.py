@@ -1,4 +1,4 @@
-"""The served τ: a server's own per-request speculative counters, kept beside its reference (DFLASH.md §7).
+"""The served τ: a server's own per-request speculative counters, kept beside its reference (docs/family.md §7).
 
 SGLang's `/generate` answers `meta_info.completion_tokens` and `spec_verify_ct` (verify steps; its
 `spec_accept_length` = completion_tokens / spec_verify_ct, bonus included) when a speculative algorithm
@@ -39,8 +39,12 @@ class Served:
     @staticmethod
     def from_dict(d: Any) -> "Served | None":
         try:
-            return Served(int(d["completion_tokens"]), int(d["verify_steps"]), d.get("accept_length"),
-                          tuple(d["histogram"]) if d.get("histogram") else None)
+            return Served(
+                int(d["completion_tokens"]),
+                int(d["verify_steps"]),
+                d.get("accept_length"),
+                tuple(d["histogram"]) if d.get("histogram") else None,
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -63,12 +67,30 @@ def sglang_served(meta: Any) -> Served | None:
 
 def vllm_served(answer: Any) -> Served | None:
     """An OpenAI-compatible answer from vLLM -> Served (metrics.speculative_decoding), or None."""
-    spec = answer.get("metrics", {}).get("speculative_decoding") if isinstance(answer, dict) and isinstance(answer.get("metrics"), dict) else None
-    ct = answer.get("usage", {}).get("completion_tokens") if isinstance(answer, dict) and isinstance(answer.get("usage"), dict) else None
-    if not isinstance(spec, dict) or not isinstance(ct, int) or not isinstance(spec.get("num_spec_steps"), int) or spec["num_spec_steps"] <= 0:
+    spec = (
+        answer.get("metrics", {}).get("speculative_decoding")
+        if isinstance(answer, dict) and isinstance(answer.get("metrics"), dict)
+        else None
+    )
+    ct = (
+        answer.get("usage", {}).get("completion_tokens")
+        if isinstance(answer, dict) and isinstance(answer.get("usage"), dict)
+        else None
+    )
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(ct, int)
+        or not isinstance(spec.get("num_spec_steps"), int)
+        or spec["num_spec_steps"] <= 0
+    ):
         return None
     tau = spec.get("mean_acceptance_length")
-    return Served(ct, spec["num_spec_steps"], float(tau) if isinstance(tau, (int, float)) else None, _ints(spec.get("acceptance_histogram")))
+    return Served(
+        ct,
+        spec["num_spec_steps"],
+        float(tau) if isinstance(tau, (int, float)) else None,
+        _ints(spec.get("acceptance_histogram")),
+    )
 
 
 def served_metrics(pairs: list[tuple[Counters, Served]]) -> dict[str, float | None]:
@@ -89,7 +111,8 @@ def served_metrics(pairs: list[tuple[Counters, Served]]) -> dict[str, float | No
 
 
 def served_histogram(served: list[Served]) -> list[float | None]:
-    """The served share of verify steps by tokens committed (drafts accepted + 1), summed over prompts; [] without histograms."""
+    """The served share of verify steps by tokens committed (drafts accepted + 1), summed over prompts; [] without
+    histograms."""
     hists = [s.histogram for s in served if s.histogram]
     if not hists:
         return []

@@ -4,7 +4,8 @@
 `/get_model_info` on older releases; the OpenAI `/v1/models` card of `references.model`), part of
 every reference's cache key with the request (`request_params`), and turns one answer into
 completion token ids (`generate`): SGLang returns ids (`output_ids`, `token_ids` in older releases; the
-matched stop token put back where it is left out); an OpenAI server returns ids where it offers them (vLLM's `return_token_ids`), otherwise
+matched stop token put back where it is left out); an OpenAI server returns ids where it offers them (vLLM's
+`return_token_ids`), otherwise
 text that is re-tokenized with the target's tokenizer. `dflash.stages.references.collect` validates the ids.
 `server_generate` asks for every prompt, `references.concurrency` requests in flight.
 HTTP (one JSON call under a deadline, retries, abort) lives in dflash/stages/references/client.py.
@@ -35,7 +36,9 @@ class Server:
         self.reported: dict[str, Any] = {}
         self.retokenized = 0  # answers given as text and re-tokenized
         self.count_mismatch = 0  # of those, answers whose re-tokenized length differs from the server's count
-        self.served: dict[tuple[int, ...], Served | None] = {}  # prompt ids -> the answer's speculative counters (dflash.stages.references.served)
+        self.served: dict[
+            tuple[int, ...], Served | None
+        ] = {}  # prompt ids -> the answer's speculative counters (dflash.stages.references.served)
 
     @staticmethod
     def open(source: str, url: str | None, model: str | None, policy: ReferencesConfig) -> "Server":
@@ -44,22 +47,30 @@ class Server:
         if source not in kinds:
             raise ReferenceError(f"references.source={source!r}: use local, sglang or openai")
         if not url:
-            raise ReferenceError(f"references={source} needs references.url (e.g. references.url=http://127.0.0.1:30000)")
+            raise ReferenceError(
+                f"references={source} needs references.url (e.g. references.url=http://127.0.0.1:30000)"
+            )
         server = kinds[source](url, model, policy)
         server.reported = server.describe()
-        log.info("references: %s server %s serves %s", source, server.client.url, json.dumps(server.reported, sort_keys=True))
+        log.info(
+            "references: %s server %s serves %s", source, server.client.url, json.dumps(server.reported, sort_keys=True)
+        )
         return server
 
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def request_params(self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()) -> dict[str, Any]:
+    def request_params(
+        self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()
+    ) -> dict[str, Any]:
         """The request without the prompt: part of the cache key. It asks the server to stop at the
         target's stop ids, where local greedy decoding stops (a server's own stop list may differ).
         At temperature > 0 it carries top_p, top_k (-1: all) and the seed; at 0 the request is as before."""
         raise NotImplementedError
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()) -> list[int]:
+    def generate(
+        self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()
+    ) -> list[int]:
         raise NotImplementedError
 
 
@@ -86,38 +97,60 @@ class SGLang(Server):
                 info = self.client.get("/get_model_info")  # SGLang releases before /model_info
             except HTTPError as e:
                 raise HTTPError(
-                    f"{e}; is references.url an SGLang server? (vLLM and other OpenAI-compatible servers: references=openai)", e.status
+                    f"{e}; is references.url an SGLang server? (vLLM and other OpenAI-compatible servers: "
+                    f"references=openai)",
+                    e.status,
                 ) from None
         if not isinstance(info, dict) or not info.get("model_path"):
-            raise ReferenceError(f"{self.client.url}/model_info answered {snippet(json.dumps(info))}, without a model_path: "
-                                 "is references.url an SGLang server? (for vLLM and other OpenAI-compatible servers use references=openai)")
+            raise ReferenceError(
+                f"{self.client.url}/model_info answered {snippet(json.dumps(info))}, without a model_path: "
+                "is references.url an SGLang server? (for vLLM and other OpenAI-compatible servers use "
+                "references=openai)"
+            )
         if info.get("is_generation") is False:
-            raise ReferenceError(f"the SGLang server at {self.client.url} serves {info['model_path']} as an embedding model, not a generator")
+            raise ReferenceError(
+                f"the SGLang server at {self.client.url} serves {info['model_path']} as an embedding model, not a "
+                f"generator"
+            )
         return {k: info.get(k) for k in ("model_path", "tokenizer_path", "weight_version")}
 
-    def request_params(self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()) -> dict[str, Any]:
-        sp: dict[str, Any] = {"temperature": float(sampling.temperature), "max_new_tokens": max_new_tokens, "stop_token_ids": list(eos_ids)}
+    def request_params(
+        self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()
+    ) -> dict[str, Any]:
+        sp: dict[str, Any] = {
+            "temperature": float(sampling.temperature),
+            "max_new_tokens": max_new_tokens,
+            "stop_token_ids": list(eos_ids),
+        }
         if not sampling.greedy:  # SGLang's SamplingParams: top_k -1 = all; sampling_seed (per-request seed)
             sp.update(top_p=sampling.top_p, top_k=sampling.top_k or -1, sampling_seed=sampling.seed)
         return {"path": "/generate", "sampling_params": sp}
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()) -> list[int]:
+    def generate(
+        self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()
+    ) -> list[int]:
         sp = self.request_params(max_new_tokens, eos_ids, sampling)["sampling_params"]
         r = self.client.post("/generate", {"input_ids": ids, "sampling_params": sp})
         r = r[0] if isinstance(r, list) and r else r
         self.served[tuple(ids)] = sglang_served(_field(r, "meta_info"))
         out = _field(r, "output_ids")
         if out is None:
-            out = _field(r, "token_ids")  # older SGLang releases (DFLASH.md §7)
+            out = _field(r, "token_ids")  # older SGLang releases (docs/family.md §7)
         if not isinstance(out, list):
-            raise ReferenceError(f"the answer has no output_ids list (nor token_ids, as older SGLang releases say): {snippet(json.dumps(r))}")
+            raise ReferenceError(
+                f"the answer has no output_ids list (nor token_ids, as older SGLang releases say): "
+                f"{snippet(json.dumps(r))}"
+            )
         finish = _field(r, "meta_info", "finish_reason")
         kind = _field(finish, "type")
         if kind not in (None, "stop", "length"):
             raise ReferenceError(f"the server ended the request with finish_reason {snippet(json.dumps(finish))}")
         matched = _field(finish, "matched")
         if kind == "stop" and isinstance(matched, str):
-            raise ReferenceError(f"the server stopped at the stop string {matched!r}; references stop only at the target's stop tokens {eos_ids}")
+            raise ReferenceError(
+                f"the server stopped at the stop string {matched!r}; references stop only at the target's stop tokens "
+                f"{eos_ids}"
+            )
         if kind == "stop" and isinstance(matched, int) and (not out or out[-1] != matched):
             out = out + [matched]  # the stop token itself, where the server leaves it out
         return out
@@ -134,27 +167,46 @@ class OpenAI(Server):
     def describe(self) -> dict[str, Any]:
         cards = _field(self.client.get("/v1/models"), "data")
         if not isinstance(cards, list):
-            raise ReferenceError(f"{self.client.url}/v1/models did not list models: is references.url an OpenAI-compatible server?")
+            raise ReferenceError(
+                f"{self.client.url}/v1/models did not list models: is references.url an OpenAI-compatible server?"
+            )
         served = {str(_field(c, "id")): c for c in cards}
         if self.model is None or self.model not in served:
-            what = "needs references.model" if self.model is None else f"references.model={self.model!r} is not served there"
-            raise ReferenceError(f"references=openai {what}: the server at {self.client.url} serves {sorted(served)}; "
-                                 f"set references.model={next(iter(sorted(served)), '<name>')}")
+            what = (
+                "needs references.model"
+                if self.model is None
+                else f"references.model={self.model!r} is not served there"
+            )
+            raise ReferenceError(
+                f"references=openai {what}: the server at {self.client.url} serves {sorted(served)}; "
+                f"set references.model={next(iter(sorted(served)), '<name>')}"
+            )
         card = served[self.model]
         return {"model": self.model, "root": _field(card, "root"), "owned_by": _field(card, "owned_by")}
 
-    def request_params(self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()) -> dict[str, Any]:
-        req = {"path": "/v1/completions", "model": self.model, "max_tokens": max_new_tokens, "temperature": float(sampling.temperature),
-               "stop_token_ids": list(eos_ids)}
+    def request_params(
+        self, max_new_tokens: int, eos_ids: list[int], sampling: Sampling = Sampling()
+    ) -> dict[str, Any]:
+        req = {
+            "path": "/v1/completions",
+            "model": self.model,
+            "max_tokens": max_new_tokens,
+            "temperature": float(sampling.temperature),
+            "stop_token_ids": list(eos_ids),
+        }
         if not sampling.greedy:  # OpenAI's top_p and seed; top_k is vLLM's extra field (-1: all)
             req.update(top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=sampling.seed)
         return req
 
-    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()) -> list[int]:
+    def generate(
+        self, ids: list[int], max_new_tokens: int, eos_ids: list[int], tokenizer: Any, sampling: Sampling = Sampling()
+    ) -> list[int]:
         payload = {**self.request_params(max_new_tokens, eos_ids, sampling), "prompt": ids}
         payload.pop("path")
         try:
-            r = self.client.post("/v1/completions", {**payload, "return_token_ids": True} if self.token_ids else payload)
+            r = self.client.post(
+                "/v1/completions", {**payload, "return_token_ids": True} if self.token_ids else payload
+            )
         except HTTPError as e:
             if not (self.token_ids and e.status in (400, 422) and "return_token_ids" in str(e)):
                 raise
@@ -164,9 +216,14 @@ class OpenAI(Server):
         choice = _field(r, "choices", 0)
         finish, stop = _field(choice, "finish_reason"), _field(choice, "stop_reason")
         if finish not in ("stop", "length"):
-            raise ReferenceError(f"the answer has no choice that finished by 'stop' or 'length': {snippet(json.dumps(r))}")
+            raise ReferenceError(
+                f"the answer has no choice that finished by 'stop' or 'length': {snippet(json.dumps(r))}"
+            )
         if isinstance(stop, str):
-            raise ReferenceError(f"the server stopped at the stop string {stop!r}; references stop only at the target's stop tokens {eos_ids}")
+            raise ReferenceError(
+                f"the server stopped at the stop string {stop!r}; references stop only at the target's stop tokens "
+                f"{eos_ids}"
+            )
         out = _field(choice, "token_ids")
         given = isinstance(out, list)
         if not given:
@@ -188,8 +245,16 @@ class OpenAI(Server):
 # --- every prompt ---------------------------------------------------------------------------
 
 
-def server_generate(server: Server, target: Any, prompts: list[list[int]], max_new_tokens: int, names: list[str],
-                    on_done: Callable[[int, list[int]], None], concurrency: int = 8, sampling: Sampling = Sampling()) -> None:
+def server_generate(
+    server: Server,
+    target: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    names: list[str],
+    on_done: Callable[[int, list[int]], None],
+    concurrency: int = 8,
+    sampling: Sampling = Sampling(),
+) -> None:
     """Ask the server for every prompt, `concurrency` requests in flight; on_done(i, ids) as each answer
     arrives. A failure (or an interrupt) aborts the requests still in flight."""
     tokens = 0

@@ -60,19 +60,30 @@ def fill(p: Prompt, answers: list[str]) -> Prompt:
 
 def merge_stats(a: ReferenceStats, b: ReferenceStats) -> ReferenceStats:
     """Reference counters of two rounds together (the first round's source and server stand)."""
-    return replace(a, hits=a.hits + b.hits, generated=a.generated + b.generated, new_tokens=a.new_tokens + b.new_tokens,
-                   retokenized=a.retokenized + b.retokenized, served={**a.served, **b.served}, keys={**a.keys, **b.keys},
-                   warnings=a.warnings + [w for w in b.warnings if w not in a.warnings])
+    return replace(
+        a,
+        hits=a.hits + b.hits,
+        generated=a.generated + b.generated,
+        new_tokens=a.new_tokens + b.new_tokens,
+        retokenized=a.retokenized + b.retokenized,
+        served={**a.served, **b.served},
+        keys={**a.keys, **b.keys},
+        warnings=a.warnings + [w for w in b.warnings if w not in a.warnings],
+    )
 
 
-def references_in_rounds(prompts: list[Prompt], tokenizer: Any, render: Callable[[Prompt], list[int]],
-                         references: Callable[[list[Prompt], list[list[int]]], tuple[list[list[int]], ReferenceStats]],
-                         first: tuple[list[list[int]], list[list[int]], ReferenceStats] | None = None,
-                         ) -> tuple[list[Prompt], list[list[int]], list[list[int]], ReferenceStats]:
+def references_in_rounds(
+    prompts: list[Prompt],
+    tokenizer: Any,
+    render: Callable[[Prompt], list[int]],
+    references: Callable[[list[Prompt], list[list[int]]], tuple[list[list[int]], ReferenceStats]],
+    first: tuple[list[list[int]], list[list[int]], ReferenceStats] | None = None,
+) -> tuple[list[Prompt], list[list[int]], list[list[int]], ReferenceStats]:
     """Every (expanded) prompt's rendered ids and reference, round by round.
 
     render(prompt) -> ids (checked against the context); references(prompts, ids) -> (refs, stats);
-    first: round 1's (ids, refs, stats) when the caller has them. -> (prompts filled, ids, refs, stats), in `prompts` order."""
+    first: round 1's (ids, refs, stats) when the caller has them. -> (prompts filled, ids, refs, stats), in `prompts`
+    order."""
     rounds = sorted({turn_of(p) for p in prompts})
     done: dict[str, tuple[Prompt, list[int], list[int]]] = {}
     stats: ReferenceStats | None = None

@@ -27,10 +27,14 @@ from dflash.models.drafter.model import DFlashDrafter, DrafterConfig
 from dflash.models.target.model import Target
 from dflash.util.errors import NumericsError
 
-CTX_ROUND = 64  # context lengths of a drafter pass rounded up to this: attention kernels see a few shapes, not one per step
+CTX_ROUND = (
+    64  # context lengths of a drafter pass rounded up to this: attention kernels see a few shapes, not one per step
+)
 KV = list[tuple[Tensor, Tensor]]  # per drafter layer: context keys, values [S, Hkv, T, D]
 HEAD_GROUPS = (1, 2, 4, 8)  # LM-head slot groups of the visited mode: slots 1, 2-3, 4-7, 8-15
-PASS_BYTES = 1 << 27  # auto anchors per pass on CUDA: about this many bytes of one layer's activations (B x (hidden + intermediate))
+PASS_BYTES = (
+    1 << 27
+)  # auto anchors per pass on CUDA: about this many bytes of one layer's activations (B x (hidden + intermediate))
 HEAD_BYTES = 1 << 31  # the LM head's logits held at once (anchors x (B-1) x vocab)
 
 
@@ -76,20 +80,25 @@ class Drafts:
     tokens: Tensor  # [A, B-1] what is drafted (the walk for DFlash2)
     unary: Tensor | None = None  # [A, B-1] DFlash2: the unary argmax
     topk: Tensor | None = None  # [A, B-1, k] DFlash2: the unary top-k ids
-    nll: Tensor | None = None  # [A, B-1] with scores: -log p of the reference token (slots past the end: the last token's)
+    nll: Tensor | None = (
+        None  # [A, B-1] with scores: -log p of the reference token (slots past the end: the last token's)
+    )
     conf: Tensor | None = None  # [A, B-1] with scores: the top-1 probability
 
 
 @torch.no_grad()
-def prepare(drafter: DFlashDrafter, target: Target, prompt_ids: list[int], completion_ids: list[int], taps: Tensor) -> ReplaySeq:
+def prepare(
+    drafter: DFlashDrafter, target: Target, prompt_ids: list[int], completion_ids: list[int], taps: Tensor
+) -> ReplaySeq:
     """taps [T, n*H] of prompt + reference -> a ReplaySeq (the taps are not kept)."""
     dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype  # with the target's last layers
     ids = torch.tensor(prompt_ids + completion_ids, device=target.device)
     return ReplaySeq(ids, len(prompt_ids), drafter.context_kv(taps[None].to(dev, dt)))
 
 
-def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, anchors: Tensor, kv: KV, backend: str,
-                   see_anchor: bool) -> Tensor:
+def drafter_hidden(
+    drafter: DFlashDrafter, target: Target, tokens: Tensor, anchors: Tensor, kv: KV, backend: str, see_anchor: bool
+) -> Tensor:
     """The drafter over one block per row: anchor tokens [S, N] at positions anchors [S, N], context kv
     (rows match S) -> the hidden states of slots 1..B-1 [S, N, B-1, H] in the target's dtype."""
     S, N = tokens.shape
@@ -97,13 +106,23 @@ def drafter_hidden(drafter: DFlashDrafter, target: Target, tokens: Tensor, ancho
     block = torch.full((S, N, B), drafter.cfg.mask_token_id, dtype=torch.long, device=tokens.device)
     block[..., 0] = tokens
     ctx_len = int(anchors.max()) + int(see_anchor)  # the last anchor sees positions < p (or <= p)
-    ctx_len = min(kv[0][0].shape[2], -(-ctx_len // CTX_ROUND) * CTX_ROUND)  # few distinct shapes: the mask hides keys >= p
-    h = drafter(None, drafter.embed(target.embed, block).to(dev, dt), anchors.to(dev), backend=backend, see_anchor=see_anchor,
-                ctx_kv=[(k[:, :, :ctx_len], v[:, :, :ctx_len]) for k, v in kv])  # [S, N, B, H]
+    ctx_len = min(
+        kv[0][0].shape[2], -(-ctx_len // CTX_ROUND) * CTX_ROUND
+    )  # few distinct shapes: the mask hides keys >= p
+    h = drafter(
+        None,
+        drafter.embed(target.embed, block).to(dev, dt),
+        anchors.to(dev),
+        backend=backend,
+        see_anchor=see_anchor,
+        ctx_kv=[(k[:, :, :ctx_len], v[:, :, :ctx_len]) for k, v in kv],
+    )  # [S, N, B, H]
     if not bool(torch.isfinite(h).all()):
         bad = int(anchors.reshape(-1)[~torch.isfinite(h).reshape(S * N, -1).all(-1).to(anchors.device)][0])
-        raise NumericsError(f"the drafter's hidden states are not finite at the anchor at position {bad} (dtype {dt}): "
-                            "with float16 this is usually overflow; evaluate in bfloat16 or float32 (device.dtype=...)")
+        raise NumericsError(
+            f"the drafter's hidden states are not finite at the anchor at position {bad} (dtype {dt}): "
+            "with float16 this is usually overflow; evaluate in bfloat16 or float32 (device.dtype=...)"
+        )
     return h[:, :, 1:].to(target.dtype)
 
 
@@ -145,14 +164,24 @@ def _passes(counts: list[int], chunk: int) -> list[list[tuple[int, int, int]]]:
     return out + ([cur] if cur else [])
 
 
-def _propose(drafter: DFlashDrafter, target: Target, h: Tensor, anchor_tok: Tensor, ref: Tensor | None, opt: ReplayOptions
-             ) -> dict[str, Tensor | None]:
-    """Slot states h [R, B-1, H] -> the proposal columns of `Drafts` (ref [R, B-1]: the reference after each anchor, with scores)."""
+def _propose(
+    drafter: DFlashDrafter, target: Target, h: Tensor, anchor_tok: Tensor, ref: Tensor | None, opt: ReplayOptions
+) -> dict[str, Tensor | None]:
+    """Slot states h [R, B-1, H] -> the proposal columns of `Drafts` (ref [R, B-1]: the reference after each anchor,
+    with scores)."""
     R, K, _ = h.shape
     d2 = drafter.cfg.dflash2
-    logits = drafter.logits(target.lm_head, h.reshape(R * K, -1))  # [R*K, V]; 2-D: a 3-D strided input takes a slow bmm path
+    logits = drafter.logits(
+        target.lm_head, h.reshape(R * K, -1)
+    )  # [R*K, V]; 2-D: a 3-D strided input takes a slow bmm path
     p = propose_logits(drafter, logits.view(R, K, -1), h, anchor_tok)
-    out: dict[str, Tensor | None] = {"tokens": p.tokens, "unary": None if d2 is None else p.unary, "topk": p.topk, "nll": None, "conf": None}
+    out: dict[str, Tensor | None] = {
+        "tokens": p.tokens,
+        "unary": None if d2 is None else p.unary,
+        "topk": p.topk,
+        "nll": None,
+        "conf": None,
+    }
     if opt.scores and ref is not None:
         z = logits.float() if d2 is None else transform(logits, d2)
         lse = z.logsumexp(-1)  # [R*K]: log p = logit - lse, no second [.., V] tensor
@@ -162,25 +191,44 @@ def _propose(drafter: DFlashDrafter, target: Target, h: Tensor, anchor_tok: Tens
 
 
 @torch.no_grad()
-def draft_many(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], anchors: list[Tensor], opt: ReplayOptions) -> list[Drafts]:
+def draft_many(
+    drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], anchors: list[Tensor], opt: ReplayOptions
+) -> list[Drafts]:
     """Proposals at the given anchors of each sequence (sorted positions [A_i]) -> `Drafts` per sequence."""
     B, d2 = drafter.cfg.block_size, drafter.cfg.dflash2
     k = torch.arange(1, B, device=seqs[0].ids.device) if seqs else None
     cols: list[dict[str, list]] = [{n: [] for n in ("tokens", "unary", "topk", "nll", "conf")} for _ in seqs]
-    head_rows = max(1, HEAD_BYTES // ((B - 1) * target.vocab_size * (4 if opt.scores else target.dtype.itemsize)))  # anchors per LM-head call
+    head_rows = max(
+        1, HEAD_BYTES // ((B - 1) * target.vocab_size * (4 if opt.scores else target.dtype.itemsize))
+    )  # anchors per LM-head call
     for spans in _passes([len(a) for a in anchors], opt.chunk):
         N = max(e - lo for _, lo, e in spans)
-        anc = torch.stack([torch.cat([a, a[:1].expand(N - len(a))]) for a in (anchors[i][lo:e] for i, lo, e in spans)])  # [S, N], no sync
+        anc = torch.stack(
+            [torch.cat([a, a[:1].expand(N - len(a))]) for a in (anchors[i][lo:e] for i, lo, e in spans)]
+        )  # [S, N], no sync
         tok = torch.stack([seqs[i].ids[a] for (i, _, _), a in zip(spans, anc)])  # [S, N]
-        h = drafter_hidden(drafter, target, tok, anc, padded_kv([seqs[i] for i, _, _ in spans]), opt.backend, opt.see_anchor)
+        h = drafter_hidden(
+            drafter, target, tok, anc, padded_kv([seqs[i] for i, _, _ in spans]), opt.backend, opt.see_anchor
+        )
         n = torch.tensor([e - lo for _, lo, e in spans], device=anc.device)
         real = torch.arange(N, device=anc.device)[None] < n[:, None]  # [S, N]: the padding rows repeat a first anchor
         ref = None
         if opt.scores:  # the reference after each anchor (slots past the end: the last token)
-            ref = torch.stack([seqs[i].ids[(a[:, None] + k).clamp(max=seqs[i].T - 1)] for (i, _, _), a in zip(spans, anc)])[real]
+            ref = torch.stack(
+                [seqs[i].ids[(a[:, None] + k).clamp(max=seqs[i].T - 1)] for (i, _, _), a in zip(spans, anc)]
+            )[real]
         h, anc_tok = h[real.to(h.device)], tok[real]  # [R, B-1, H], [R]
-        parts = [_propose(drafter, target, h[r : r + head_rows], anc_tok[r : r + head_rows], None if ref is None else ref[r : r + head_rows], opt)
-                 for r in range(0, h.shape[0], head_rows)]
+        parts = [
+            _propose(
+                drafter,
+                target,
+                h[r : r + head_rows],
+                anc_tok[r : r + head_rows],
+                None if ref is None else ref[r : r + head_rows],
+                opt,
+            )
+            for r in range(0, h.shape[0], head_rows)
+        ]
         sizes = n.tolist()
         for name in cols[0]:
             if parts[0][name] is None:
@@ -188,10 +236,18 @@ def draft_many(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], an
             for (i, _, _), x in zip(spans, torch.cat([q[name] for q in parts]).split(sizes)):
                 cols[i][name].append(x)
     empty = torch.empty((0, B - 1), device=target.device)
-    return [Drafts(*(_cat(c[n]) for n in ("tokens", "unary", "topk", "nll", "conf"))) if c["tokens"] else
-            Drafts(empty.long(), empty.long() if d2 else None, empty.long()[..., None] if d2 else None,
-                   empty if opt.scores else None, empty if opt.scores else None)
-            for c in cols]
+    return [
+        Drafts(*(_cat(c[n]) for n in ("tokens", "unary", "topk", "nll", "conf")))
+        if c["tokens"]
+        else Drafts(
+            empty.long(),
+            empty.long() if d2 else None,
+            empty.long()[..., None] if d2 else None,
+            empty if opt.scores else None,
+            empty if opt.scores else None,
+        )
+        for c in cols
+    ]
 
 
 def draft_anchors(drafter: DFlashDrafter, target: Target, s: ReplaySeq, anchors: Tensor, opt: ReplayOptions) -> Drafts:
@@ -212,7 +268,9 @@ def lazy_greedy(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tenso
         if lo >= K or not len(rows):
             break
         hi = min(lo + size, K)
-        g = drafter.logits(target.lm_head, h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)  # [R, hi-lo]
+        g = (
+            drafter.logits(target.lm_head, h[rows, lo:hi].reshape(-1, H)).argmax(-1).view(len(rows), hi - lo)
+        )  # [R, hi-lo]
         out[rows, lo:hi], length[rows] = g, hi
         go = (g == labels[rows, lo:hi]).all(-1) & (labels[rows, hi] >= 0 if hi < K else False)
         alive[rows] = go
@@ -220,8 +278,9 @@ def lazy_greedy(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tenso
     return [o[:n].tolist() for o, n in zip(out, length.tolist())]
 
 
-def lazy_proposals(drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tensor, anchors: Tensor
-                   ) -> list[tuple[list[int], list[int] | None]]:
+def lazy_proposals(
+    drafter: DFlashDrafter, target: Target, h: Tensor, labels: Tensor, anchors: Tensor
+) -> list[tuple[list[int], list[int] | None]]:
     """`lazy_greedy` for any drafter: per row (proposal, unary argmax or None) over the slots a walk reads.
     DFlash2: a group runs for the rows whose walk prefix or unary prefix still equals the labels."""
     d2 = drafter.cfg.dflash2

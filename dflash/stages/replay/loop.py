@@ -1,4 +1,4 @@
-"""The exact offline replay of DFlash's greedy draft-verify loop (DFLASH.md §2), in two modes.
+"""The exact offline replay of DFlash's greedy draft-verify loop (docs/family.md §2), in two modes.
 
 Under greedy decoding the output equals the reference, and the drafter's proposal for an anchor
 at position p depends only on (p, the token at p, the taps of positions < p): all fixed by the
@@ -68,7 +68,9 @@ class Block:
     anchor_pos: int
     proposal: list[int]  # drafted slots 1..B-1 (`visited`: up to the slots the walk read)
     accepted: int
-    unary: list[int] | None = None  # DFlash2: the unary argmax at the same slots (samples.html marks where the walk differs)
+    unary: list[int] | None = (
+        None  # DFlash2: the unary argmax at the same slots (samples.html marks where the walk differs)
+    )
 
 
 def verify(seq: list[int], pos: int, proposal: list[int], block_size: int) -> tuple[int, int]:
@@ -80,8 +82,9 @@ def verify(seq: list[int], pos: int, proposal: list[int], block_size: int) -> tu
     return a, min(a + 1, len(seq) - 1 - pos)
 
 
-def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int, selector: bool = False
-           ) -> tuple[Counters, list[Block]]:
+def replay(
+    seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int, selector: bool = False
+) -> tuple[Counters, list[Block]]:
     """Walk the draft-verify loop over precomputed proposals (row i: the anchor first_anchor + i)."""
     c = Counters(block_size=block_size, prompts=1, new_tokens=1, selector=selector)
     blocks, pos = [], first_anchor
@@ -95,9 +98,15 @@ def replay(seq: list[int], first_anchor: int, proposals: list[list[int]], block_
 
 
 def teacher_forced(
-    seq: list[int] | Tensor, first_anchor: int, proposals: list[list[int]] | Tensor, c: Counters,
-    nll: list[list[float]] | Tensor | None = None, conf: list[list[float]] | Tensor | None = None, stride: int = 1,
-    unary: Tensor | None = None, topk: Tensor | None = None,
+    seq: list[int] | Tensor,
+    first_anchor: int,
+    proposals: list[list[int]] | Tensor,
+    c: Counters,
+    nll: list[list[float]] | Tensor | None = None,
+    conf: list[list[float]] | Tensor | None = None,
+    stride: int = 1,
+    unary: Tensor | None = None,
+    topk: Tensor | None = None,
 ) -> None:
     """Add slot-k accuracy over the anchors of `proposals` (row i: the anchor first_anchor + i*stride) to c,
     with `nll`/`conf` (draft_anchors') the reference token's NLL and the top-1 probability, and with
@@ -110,7 +119,9 @@ def teacher_forced(
     props = props.reshape(-1, K)  # [A, K]
     s = torch.as_tensor(seq, dtype=torch.long, device=props.device)
     T, dev = s.shape[0], props.device
-    pos = first_anchor + stride * torch.arange(props.shape[0], device=dev)[:, None] + torch.arange(1, K + 1, device=dev)  # [A, K]
+    pos = (
+        first_anchor + stride * torch.arange(props.shape[0], device=dev)[:, None] + torch.arange(1, K + 1, device=dev)
+    )  # [A, K]
     valid = pos < T  # slot k has a label
     label = s[pos.clamp(max=T - 1)]
     hit = (props == label) & valid
@@ -121,7 +132,9 @@ def teacher_forced(
     c.tf_total, c.tf_correct = add(c.tf_total, valid.sum(0)), add(c.tf_correct, hit.sum(0))
     if unary is not None and topk is not None:
         c.tf_unary_correct = add(c.tf_unary_correct, ((unary.to(dev).reshape(-1, K) == label) & valid).sum(0))
-        c.tf_topk_hit = add(c.tf_topk_hit, ((topk.to(dev).reshape(-1, K, topk.shape[-1]) == label[..., None]).any(-1) & valid).sum(0))
+        c.tf_topk_hit = add(
+            c.tf_topk_hit, ((topk.to(dev).reshape(-1, K, topk.shape[-1]) == label[..., None]).any(-1) & valid).sum(0)
+        )
     if nll is not None and conf is not None:
         for name, x in (("tf_nll", nll), ("tf_conf", conf)):
             x = torch.as_tensor(x, dtype=torch.float64, device=dev).reshape(-1, K)
@@ -136,6 +149,7 @@ def _teacher_forced(s: ReplaySeq, ids: Tensor, d: Drafts, c: Counters, stride: i
 def _to_host(seqs: list[ReplaySeq], drafts: list[Drafts]) -> tuple[list[Tensor], list[Drafts]]:
     """Every prompt's ids and drafts on the CPU in one copy per field, for the walks (host-side Python): on a GPU,
     one synchronisation per field for the group instead of one per prompt and field."""
+
     def host(xs: list[Tensor]) -> list[Tensor]:  # a prompt with no anchor keeps its own (empty) shape
         full = [x for x in xs if len(x)]
         parts = iter(torch.cat(full).cpu().split([len(x) for x in full]) if full else ())
@@ -151,14 +165,18 @@ def _stride(d: Drafts, st: int) -> Drafts:
     return Drafts(*(None if x is None else x[::st] for x in (d.tokens, d.unary, d.topk, d.nll, d.conf)))
 
 
-def replay_all(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_all(
+    drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
+) -> list[tuple[Counters, list[Block]]]:
     """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`), then walk each."""
     drafts = draft_many(drafter, target, seqs, [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs], opt)
     ids, drafts = _to_host(seqs, drafts)
     return [_walk_all(drafter, s, i, d, opt) for s, i, d in zip(seqs, ids, drafts)]
 
 
-def _walk_all(drafter: DFlashDrafter, s: ReplaySeq, ids: Tensor, d: Drafts, opt: ReplayOptions) -> tuple[Counters, list[Block]]:
+def _walk_all(
+    drafter: DFlashDrafter, s: ReplaySeq, ids: Tensor, d: Drafts, opt: ReplayOptions
+) -> tuple[Counters, list[Block]]:
     """One prompt's walk over its drafts at every anchor (DFlash2: also the unary argmax's walk), teacher-forced at the
     stride; ids and d on the host (`_to_host`)."""
     seq, B = ids.tolist(), drafter.cfg.block_size
@@ -174,7 +192,9 @@ def _walk_all(drafter: DFlashDrafter, s: ReplaySeq, ids: Tensor, d: Drafts, opt:
 
 
 @torch.no_grad()
-def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_visited(
+    drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
+) -> list[tuple[Counters, list[Block]]]:
     """The `visited` mode over a group of prompts: the teacher-forced anchors (stride) drafted per sequence,
     then the loop walked in lockstep: each pass drafts the current anchor of every prompt whose anchor is
     not among those (opt.chunk rows per pass), with `lazy_proposals`' LM head. DFlash2: the unary argmax's
@@ -186,13 +206,22 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq]
     for s, i, tf, d in zip(seqs, host_ids, tfs, drafts):
         c = Counters(block_size=B, prompts=1, new_tokens=1, selector=sel)
         _teacher_forced(s, i, d, c, opt.tf_stride)
-        known.append(dict(zip(range(s.first, s.T - 1, opt.tf_stride), zip(d.tokens.tolist(), d.unary.tolist() if sel else [None] * len(tf)))))
+        known.append(
+            dict(
+                zip(
+                    range(s.first, s.T - 1, opt.tf_stride),
+                    zip(d.tokens.tolist(), d.unary.tolist() if sel else [None] * len(tf)),
+                )
+            )
+        )
         outs.append((c, []))
     kv, ids = padded_kv(seqs), [i.tolist() for i in host_ids]
     pos = [s.first for s in seqs]
     upos = [s.first if sel else s.T for s in seqs]  # the unary walk (DFlash2); done from the start for DFlash
     ucount = [Counters(block_size=B) for _ in seqs]
-    ext = torch.full((len(seqs), max(s.T for s in seqs) + B), -1, dtype=torch.long, device=dev)  # [S, Tmax+B]: -1 past each end
+    ext = torch.full(
+        (len(seqs), max(s.T for s in seqs) + B), -1, dtype=torch.long, device=dev
+    )  # [S, Tmax+B]: -1 past each end
     for i, s in enumerate(seqs):
         ext[i, : s.T] = s.ids
     while True:
@@ -201,12 +230,19 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq]
             break
         todo, drafted = [(i, p) for i, p in need if p not in known[i]], {}
         for part in (todo[j : j + opt.chunk] for j in range(0, len(todo), opt.chunk)):
-            idx, anc = torch.tensor([i for i, _ in part], device=dev), torch.tensor([p for _, p in part], device=dev)  # [R]
+            idx, anc = (
+                torch.tensor([i for i, _ in part], device=dev),
+                torch.tensor([p for _, p in part], device=dev),
+            )  # [R]
             L = int(anc.max()) + int(opt.see_anchor)
             L = min(kv[0][0].shape[2], -(-L // CTX_ROUND) * CTX_ROUND)  # as drafter_hidden rounds it: few shapes
             every = idx.tolist() == list(range(len(seqs)))
-            rows = kv if every else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
-            h = drafter_hidden(drafter, target, ext[idx, anc][:, None], anc[:, None], rows, opt.backend, opt.see_anchor)[:, 0]
+            rows = (
+                kv if every else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
+            )
+            h = drafter_hidden(
+                drafter, target, ext[idx, anc][:, None], anc[:, None], rows, opt.backend, opt.see_anchor
+            )[:, 0]
             labels = ext[idx[:, None], anc[:, None] + torch.arange(1, B, device=dev)]  # [R, B-1]
             drafted.update(zip(part, lazy_proposals(drafter, target, h, labels, ext[idx, anc])))
         for i, s in enumerate(seqs):
@@ -225,7 +261,9 @@ def replay_visited(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq]
     return outs
 
 
-def replay_group(drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions) -> list[tuple[Counters, list[Block]]]:
+def replay_group(
+    drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
+) -> list[tuple[Counters, list[Block]]]:
     """Replay a group of prompts in opt.anchors' mode -> per prompt (counters, blocks); the same walk in both."""
     if opt.anchors not in ANCHOR_MODES:
         raise ValueError(f"replay anchors={opt.anchors!r}: use one of {ANCHOR_MODES}")

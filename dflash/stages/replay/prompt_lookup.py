@@ -86,7 +86,18 @@ def lookup_replay(prompt: Sequence[int], reference: Sequence[int], block_size: i
 def yardstick(drafter: list[Counters], lookup: list[Counters], min_n: int, max_n: int) -> PromptLookup:
     """Per prompt the drafter's and prompt lookup's counters (same prompts, same order) -> the pooled yardstick."""
     total = sum(lookup[1:], lookup[0])
-    gain, gain_se = paired_ratio_diff([c.committed for c in lookup], [c.steps for c in lookup],
-                                      [c.committed for c in drafter], [c.steps for c in drafter])  # drafter - lookup
-    return PromptLookup(min_n, max_n, total.block_size - 1, acceptance_length(total),
-                        ratio_se([c.committed for c in lookup], [c.steps for c in lookup]), gain, gain_se)
+    gain, gain_se = paired_ratio_diff(
+        [c.committed for c in lookup],
+        [c.steps for c in lookup],
+        [c.committed for c in drafter],
+        [c.steps for c in drafter],
+    )  # drafter - lookup
+    return PromptLookup(
+        min_n,
+        max_n,
+        total.block_size - 1,
+        acceptance_length(total),
+        ratio_se([c.committed for c in lookup], [c.steps for c in lookup]),
+        gain,
+        gain_se,
+    )
