@@ -63,13 +63,32 @@ class Counters:
     tf_nll: list[float] = field(default_factory=list)  # [B-1]: sum of -log p(reference token) at slot k
     tf_conf: list[float] = field(default_factory=list)  # [B-1]: sum of the top-1 probability at slot k
     selector: bool = False  # DFlash2: the unary walk and the unary top-k are counted too (the fields below)
+    markov: bool = False  # DSpark: the unary walk (the base argmax: the block without its Markov head) is counted
     unary_steps: int = 0  # verify steps of the same replay walking the unary argmax
     unary_committed: int = 0  # tokens it committed (capped as `committed`)
-    tf_unary_correct: list[int] = field(default_factory=list)  # [B-1] (selector only): teacher-forced unary top-1 hits
+    tf_unary_correct: list[int] = field(default_factory=list)  # [B-1] (selector, markov): teacher-forced unary hits
     tf_topk_hit: list[int] = field(default_factory=list)  # [B-1] (selector only): reference token among the unary top-k
+    # DSpark's confidence head: the threshold walks (verify up to the first slot below t) and its calibration
+    confidence: bool = False
+    thresholds: list[float] = field(default_factory=list)  # the t walked, one entry of each thr_* list per t
+    thr_steps: list[int] = field(default_factory=list)
+    thr_committed: list[int] = field(default_factory=list)
+    thr_accepted: list[int] = field(default_factory=list)
+    thr_drafted: list[int] = field(default_factory=list)  # Σ n_t: the drafts verified
+    cal_total: list[int] = field(default_factory=list)  # [B-1]: anchors with a label at slot k (teacher-forced)
+    cal_hit: list[int] = field(default_factory=list)  # [B-1]: ... whose drafts 1..k all equal the reference
+    cal_pred: list[float] = field(default_factory=list)  # [B-1]: Σ predicted (Π_{i<=k} confidence_i)
+    cal_sq: list[float] = field(default_factory=list)  # [B-1]: Σ (predicted - hit)²: the Brier score's numerator
+    bin_total: list[int] = field(default_factory=list)  # [CAL_BINS]: the reliability table, all slots pooled
+    bin_pred: list[float] = field(default_factory=list)
+    bin_hit: list[int] = field(default_factory=list)
+    # the other slot convention's walk over the same references (the convention check); other_width 0: not walked
+    other_width: int = 0
+    other_steps: int = 0
+    other_committed: int = 0
 
     def __post_init__(self):
-        K = self.block_size - 1
+        K, n_t = self.block_size - 1, len(self.thresholds)
         for name, n in (
             ("accepted_at_pos", K),
             ("commit_hist", K + 2),
@@ -77,32 +96,36 @@ class Counters:
             ("tf_total", K),
             ("tf_nll", K),
             ("tf_conf", K),
-            *((("tf_unary_correct", K), ("tf_topk_hit", K)) if self.selector else ()),
+            *((("tf_unary_correct", K),) if self.selector or self.markov else ()),
+            *((("tf_topk_hit", K),) if self.selector else ()),
+            *((f"thr_{x}", n_t) for x in ("steps", "committed", "accepted", "drafted")),
+            *(((f"cal_{x}", K) for x in ("total", "hit", "pred", "sq")) if self.confidence else ()),
+            *(((f"bin_{x}", CAL_BINS) for x in ("total", "pred", "hit")) if self.confidence else ()),
         ):
             if not getattr(self, name):
-                setattr(self, name, [0.0 if name in ("tf_nll", "tf_conf") else 0] * n)
+                setattr(self, name, [0.0 if name in FLOAT_LISTS else 0] * n)
 
     def __add__(self, o: "Counters") -> "Counters":
-        assert self.block_size == o.block_size and self.selector == o.selector
+        assert all(getattr(self, n) == getattr(o, n) for n in FIXED), "counters of different replays"
         kw = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(o, f.name)
-            kw[f.name] = (
-                a
-                if f.name in ("block_size", "selector")
-                else [x + y for x, y in zip(a, b)]
-                if isinstance(a, list)
-                else a + b
-            )
+            kw[f.name] = a if f.name in FIXED else [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
         return Counters(**kw)
 
 
-def count_step(c: Counters, accepted: int, committed: int) -> None:
+CAL_BINS = 10  # the reliability table's bins of predicted acceptance, [0, 0.1), ..., [0.9, 1]
+FLOAT_LISTS = ("tf_nll", "tf_conf", "cal_pred", "cal_sq", "bin_pred")
+FIXED = ("block_size", "selector", "markov", "confidence", "thresholds", "other_width")  # what a replay is, not counts
+
+
+def count_step(c: Counters, accepted: int, committed: int, drafted: int | None = None) -> None:
     """One verify step into the counters, the same for the offline replay and the online loop: `accepted`
     drafted tokens taken, `committed` tokens committed (accepted + bonus, capped where the reference or the
-    generation ends); the uncapped side counts accepted + 1, as z-lab's original loop does."""
+    generation ends); the uncapped side counts accepted + 1, as z-lab's original loop does. `drafted`: the
+    drafts verified (default: the whole block, B - 1)."""
     c.steps += 1
-    c.drafted += c.block_size - 1
+    c.drafted += c.block_size - 1 if drafted is None else drafted
     c.accepted += accepted
     c.committed += committed
     c.committed_uncapped += accepted + 1

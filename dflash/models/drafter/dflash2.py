@@ -19,7 +19,8 @@ selector walk.
   bilinear term is computed in float32 as an elementwise product summed over the rank (the same for
   any batch of rows, so the offline replay's and the online loop's walks agree bit for bit).
   A zero successor codebook walks the unary argmax (DFlash).
-`propose` is the one proposal rule both loops call: the walk for DFlash2, the argmax for DFlash.
+`propose` is the one proposal rule both loops call: the walk for DFlash2, the Markov rollout for DSpark
+(dflash/models/drafter/dspark.py), the argmax for DFlash.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dflash.models.drafter.dflash2_config import DFlash2Config
+from dflash.models.drafter.dspark import rollout
 
 
 class BlockConv(nn.Module):
@@ -131,9 +133,10 @@ def walk(selector: CandidateSelector, c: Candidates, prev: Tensor, lo: int = 0, 
 class Proposal:
     """A drafter pass's proposals for R blocks."""
 
-    tokens: Tensor  # [R, K] what is drafted: the walk (DFlash2), the argmax (DFlash)
-    unary: Tensor  # [R, K] the unary argmax (= tokens for DFlash)
+    tokens: Tensor  # [R, K] what is drafted: the walk (DFlash2, DSpark), the argmax (DFlash)
+    unary: Tensor  # [R, K] the unary argmax (= tokens for DFlash; DSpark: the base logits' argmax, no Markov head)
     topk: Tensor | None  # [R, K, k] the unary top-k ids (DFlash2), else None
+    accept_p: Tensor | None = None  # [R, K] float32: DSpark's confidence σ(logit) of each slot of the walk
 
 
 def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anchor: Tensor) -> Proposal:
@@ -149,6 +152,10 @@ def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anc
 
 def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
     """`propose` from the drafter's raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
+    if drafter.cfg.dspark is not None:  # DSpark: the Markov walk (dflash/models/drafter/dspark.py)
+        mapped = drafter.to_target if drafter.d2t is not None else None
+        tokens, conf = rollout(drafter.markov_head, drafter.confidence_head, logits, h, anchor, mapped)
+        return Proposal(tokens, logits.argmax(-1), None, conf)
     d2 = drafter.cfg.dflash2
     if d2 is None:
         top = logits.argmax(-1)

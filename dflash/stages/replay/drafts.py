@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,8 @@ class ReplayOptions:
     backend: str = "sdpa"
     scores: bool = False  # NLL of the reference token and top-1 probability at the teacher-forced anchors
     see_anchor: bool = False  # the leak probe: a block also sees its anchor's own feature
+    other: bool = True  # also the other slot convention's proposals (the convention check), from the same passes
+    thresholds: tuple[float, ...] = ()  # DSpark with a confidence head: the walks verifying up to the first slot below
 
 
 @dataclass
@@ -75,15 +78,18 @@ class ReplaySeq:
 
 @dataclass(frozen=True)
 class Drafts:
-    """Proposals at A anchors (row i: the i-th anchor asked for)."""
+    """Proposals at A anchors (row i: the i-th anchor asked for); K = the drafter's proposals per step."""
 
-    tokens: Tensor  # [A, B-1] what is drafted (the walk for DFlash2)
-    unary: Tensor | None = None  # [A, B-1] DFlash2: the unary argmax
-    topk: Tensor | None = None  # [A, B-1, k] DFlash2: the unary top-k ids
-    nll: Tensor | None = (
-        None  # [A, B-1] with scores: -log p of the reference token (slots past the end: the last token's)
-    )
-    conf: Tensor | None = None  # [A, B-1] with scores: the top-1 probability
+    tokens: Tensor  # [A, K] what is drafted (the walk for DFlash2 and DSpark)
+    unary: Tensor | None = None  # [A, K] DFlash2: the unary argmax; DSpark: the base argmax (no Markov head)
+    topk: Tensor | None = None  # [A, K, k] DFlash2: the unary top-k ids
+    nll: Tensor | None = None  # [A, K] with scores: -log p of the reference token (slots past the end: the last's)
+    conf: Tensor | None = None  # [A, K] with scores: the top-1 probability
+    accept_p: Tensor | None = None  # [A, K] DSpark's confidence head: σ(logit) of each slot of the walk (float32)
+    other: Tensor | None = None  # [A, K'] with opt.other: the other slot convention's proposal (K' = K ± 1)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Drafts))
 
 
 @torch.no_grad()
@@ -100,7 +106,8 @@ def drafter_hidden(
     drafter: DFlashDrafter, target: Target, tokens: Tensor, anchors: Tensor, kv: KV, backend: str, see_anchor: bool
 ) -> Tensor:
     """The drafter over one block per row: anchor tokens [S, N] at positions anchors [S, N], context kv
-    (rows match S) -> the hidden states of slots 1..B-1 [S, N, B-1, H] in the target's dtype."""
+    (rows match S) -> the final states of every block row [S, N, B, H] in the target's dtype (B = the drafter's rows:
+    rows offset.. are its proposals, the other convention's start one row earlier or later)."""
     S, N = tokens.shape
     B, dev, dt = drafter.cfg.block_size, drafter.fc.weight.device, drafter.fc.weight.dtype
     block = torch.full((S, N, B), drafter.cfg.mask_token_id, dtype=torch.long, device=tokens.device)
@@ -123,7 +130,7 @@ def drafter_hidden(
             f"the drafter's hidden states are not finite at the anchor at position {bad} (dtype {dt}): "
             "with float16 this is usually overflow; evaluate in bfloat16 or float32 (device.dtype=...)"
         )
-    return h[:, :, 1:].to(target.dtype)
+    return h.to(target.dtype)
 
 
 def _cat(parts: list[Tensor | None]) -> Tensor | None:
@@ -164,25 +171,35 @@ def _passes(counts: list[int], chunk: int) -> list[list[tuple[int, int, int]]]:
     return out + ([cur] if cur else [])
 
 
-def _propose(
+def other_offset(cfg: DrafterConfig) -> int:
+    """The first proposal row of the other slot convention (1 - cfg.offset): its K' = rows - that proposals."""
+    return 1 - cfg.offset
+
+
+def propose_rows(
     drafter: DFlashDrafter, target: Target, h: Tensor, anchor_tok: Tensor, ref: Tensor | None, opt: ReplayOptions
 ) -> dict[str, Tensor | None]:
-    """Slot states h [R, B-1, H] -> the proposal columns of `Drafts` (ref [R, B-1]: the reference after each anchor,
-    with scores)."""
-    R, K, _ = h.shape
-    d2 = drafter.cfg.dflash2
-    logits = drafter.logits(
-        target.lm_head, h.reshape(R * K, -1)
-    )  # [R*K, V]; 2-D: a 3-D strided input takes a slow bmm path
-    p = propose_logits(drafter, logits.view(R, K, -1), h, anchor_tok)
-    out: dict[str, Tensor | None] = {
-        "tokens": p.tokens,
-        "unary": None if d2 is None else p.unary,
-        "topk": p.topk,
-        "nll": None,
-        "conf": None,
-    }
+    """Block states h [R, B, H] (every row) -> the proposal columns of `Drafts` (ref [R, K]: the reference after each
+    anchor, with scores); with opt.other also the other convention's, from the same logits."""
+    R, B, H = h.shape
+    cfg = drafter.cfg
+    off, alt = cfg.offset, other_offset(cfg)
+    lo = min(off, alt) if opt.other else off  # the LM head over rows lo.. covers both conventions
+    logits = drafter.logits(target.lm_head, h[:, lo:].reshape(-1, H)).view(
+        R, B - lo, -1
+    )  # 2-D into the head: a 3-D strided input takes a slow bmm path
+    main = logits[:, off - lo :]  # [R, K, V]
+    K = main.shape[1]
+    p = propose_logits(drafter, main, h[:, off:], anchor_tok)
+    out: dict[str, Tensor | None] = dict.fromkeys(FIELDS)
+    out.update(tokens=p.tokens, topk=p.topk, accept_p=p.accept_p)
+    if cfg.dflash2 is not None or cfg.dspark is not None:
+        out["unary"] = p.unary
+    if opt.other:
+        out["other"] = propose_logits(drafter, logits[:, alt - lo :], h[:, alt:], anchor_tok).tokens
+    d2 = cfg.dflash2
     if opt.scores and ref is not None:
+        logits = main.reshape(R * K, -1)
         z = logits.float() if d2 is None else transform(logits, d2)
         lse = z.logsumexp(-1)  # [R*K]: log p = logit - lse, no second [.., V] tensor
         out["conf"] = (z.max(-1).values - lse).exp().view(R, K)
@@ -195,11 +212,12 @@ def draft_many(
     drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], anchors: list[Tensor], opt: ReplayOptions
 ) -> list[Drafts]:
     """Proposals at the given anchors of each sequence (sorted positions [A_i]) -> `Drafts` per sequence."""
-    B, d2 = drafter.cfg.block_size, drafter.cfg.dflash2
-    k = torch.arange(1, B, device=seqs[0].ids.device) if seqs else None
-    cols: list[dict[str, list]] = [{n: [] for n in ("tokens", "unary", "topk", "nll", "conf")} for _ in seqs]
+    cfg = drafter.cfg
+    B, K = cfg.block_size, cfg.proposals
+    k = torch.arange(1, K + 1, device=seqs[0].ids.device) if seqs else None
+    cols: list[dict[str, list]] = [{n: [] for n in FIELDS} for _ in seqs]
     head_rows = max(
-        1, HEAD_BYTES // ((B - 1) * target.vocab_size * (4 if opt.scores else target.dtype.itemsize))
+        1, HEAD_BYTES // (B * target.vocab_size * (4 if opt.scores else target.dtype.itemsize))
     )  # anchors per LM-head call
     for spans in _passes([len(a) for a in anchors], opt.chunk):
         N = max(e - lo for _, lo, e in spans)
@@ -217,9 +235,9 @@ def draft_many(
             ref = torch.stack(
                 [seqs[i].ids[(a[:, None] + k).clamp(max=seqs[i].T - 1)] for (i, _, _), a in zip(spans, anc)]
             )[real]
-        h, anc_tok = h[real.to(h.device)], tok[real]  # [R, B-1, H], [R]
+        h, anc_tok = h[real.to(h.device)], tok[real]  # [R, B, H], [R]
         parts = [
-            _propose(
+            propose_rows(
                 drafter,
                 target,
                 h[r : r + head_rows],
@@ -235,19 +253,23 @@ def draft_many(
                 continue
             for (i, _, _), x in zip(spans, torch.cat([q[name] for q in parts]).split(sizes)):
                 cols[i][name].append(x)
-    empty = torch.empty((0, B - 1), device=target.device)
-    return [
-        Drafts(*(_cat(c[n]) for n in ("tokens", "unary", "topk", "nll", "conf")))
-        if c["tokens"]
-        else Drafts(
-            empty.long(),
-            empty.long() if d2 else None,
-            empty.long()[..., None] if d2 else None,
-            empty if opt.scores else None,
-            empty if opt.scores else None,
-        )
-        for c in cols
-    ]
+    return [Drafts(*(_cat(c[n]) for n in FIELDS)) if c["tokens"] else no_drafts(cfg, opt, target.device) for c in cols]
+
+
+def no_drafts(cfg: DrafterConfig, opt: ReplayOptions, device: torch.device) -> Drafts:
+    """The Drafts of a sequence with no anchor: every column it would have, with no row."""
+    K, unary = cfg.proposals, cfg.dflash2 is not None or cfg.dspark is not None
+    empty = torch.empty((0, K), device=device)
+    conf = cfg.dspark is not None and cfg.dspark.confidence
+    return Drafts(
+        empty.long(),
+        empty.long() if unary else None,
+        empty.long()[..., None] if cfg.dflash2 is not None else None,
+        empty if opt.scores else None,
+        empty if opt.scores else None,
+        empty if conf else None,
+        torch.empty((0, cfg.block_size - other_offset(cfg)), device=device).long() if opt.other else None,
+    )
 
 
 def draft_anchors(drafter: DFlashDrafter, target: Target, s: ReplaySeq, anchors: Tensor, opt: ReplayOptions) -> Drafts:
