@@ -241,8 +241,25 @@ class ReplayConfig:
     )
     tf_stride: int = 1  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor
     context_gb: float = 1.0  # visited: the drafter's context keys/values held for one lockstep group of prompts
+    # DSpark drafters with a confidence head: also walk verifying only the drafts before the first slot whose
+    # confidence is below each t (DeepSpec's rule; docs/dspark.md)
+    confidence_thresholds: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
+    # warn when the drafter read in the other slot convention reaches a τ this many paired SEs above the served one
+    convention_z: float = 3.0
 
     def __post_init__(self) -> None:
+        ts = self.confidence_thresholds
+        if isinstance(ts, (list, tuple)) and any(
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1 for t in ts
+        ):
+            raise ConfigError(
+                f"replay.confidence_thresholds={list(ts)!r}: use probabilities in [0, 1] (e.g. [0.5, 0.9]; 0 verifies "
+                "the whole block)"
+            )
+        if isinstance(self.convention_z, (int, float)) and self.convention_z <= 0:
+            raise ConfigError(
+                f"replay.convention_z={self.convention_z}: use a positive number of standard errors (e.g. 3)"
+            )
         if self.anchors not in ("auto", "visited", "all", "???"):
             raise ConfigError(
                 f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1 or on CUDA, else visited), visited "

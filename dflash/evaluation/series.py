@@ -157,7 +157,8 @@ class Series:
         if self.parent is not None:
             from dflash import tracking
 
-            self.parent.log_metrics(tracking.series_point(res.metrics, res.curves), step=f.step)
+            point = tracking.series_point({**res.metrics, **tracking.dspark_metrics(res)}, res.curves)
+            self.parent.log_metrics(point, step=f.step)
         self.out.results.append(res)
         self.done[f.step] = res.info.checkpoint_sha256 or ""
 

@@ -261,7 +261,7 @@ class DrafterConfig:
                 d["vocab_size"] = ds.vocab_size
             if ds.conv_kernel_size is not None:
                 dflash.update(
-                    block_size=ds.gamma, conv_kernel_size=ds.conv_kernel_size, conv_group_size=ds.conv_group_size
+                    block_size=d["block_size"], conv_kernel_size=ds.conv_kernel_size, conv_group_size=ds.conv_group_size
                 )
             if ds.attention_mode is not None:
                 dflash["attention_mode"] = ds.attention_mode

@@ -21,8 +21,9 @@ Where a key is looked up, first found wins (SGLang's parser; `nested` = `dflash_
   False: gamma + 1 rows, row 0 dropped (DFlash's layout). `dflash_config.sample_from_anchor` is not read by SGLang:
   warned about, the top level (or its default) wins.
 - `dflash_config.conv_kernel_size` / `conv_group_size`: DFlash2's block convolutions, which SGLang builds for DSpark
-  too; accepted only where its in-block index is right (sample_from_anchor true, the model's block size = gamma,
-  kernel <= gamma), refused otherwise.
+  too, indexing a row's slot as n mod the model's block size (`dflash_config.block_size`, else `block_size`, else 16)
+  over the flattened batch: accepted where that is right for a request (rows <= the model's block size, kernel <=
+  rows; a warning where rows < it, as a batch's later requests then misalign), refused otherwise.
 - `dflash_config.projector_type`: "dspark" (SpecForge's marker) is accepted, "domino" refused by name; SpecForge's
   `attention_mode` gqa / mha accepted (mla refused); `confidence_head_alpha`, `num_anchors` are training-only.
 - `markov_rank` 0 (DeepSpec's DFlash drafters under a DSpark name) is refused, as SGLang refuses it.
@@ -75,6 +76,7 @@ class DSparkConfig:
     vocab_size: int | None = None  # markov_w1's rows (the target's vocabulary); None until read from the tensors
     architecture: str = "DSparkDraftModel"  # the name it was read under, written back
     attention_mode: str | None = None  # SpecForge's gqa / mha, written back
+    model_block: int | None = None  # SGLang's model block size (its convolutions' index), where it differs from gamma
 
     @property
     def rows(self) -> int:
@@ -82,9 +84,12 @@ class DSparkConfig:
         return self.gamma + (0 if self.sample_from_anchor else 1)
 
     def to_top_level(self) -> dict[str, Any]:
-        """The keys as SGLang 0.5.23 builds them: every one at the top level, the convention explicit."""
+        """The keys as SGLang 0.5.23 builds them: every one at the top level, the convention explicit (gamma as
+        dspark_block_size where the model's block size differs: block_size is then the model's)."""
+        split = self.model_block is not None and self.model_block != self.gamma
         return {
-            "block_size": self.gamma,
+            **({"dspark_block_size": self.gamma, "block_size": self.model_block} if split else {}),
+            **({} if split else {"block_size": self.gamma}),
             "markov_rank": self.markov_rank,
             "markov_head_type": self.markov_head_type,
             "enable_confidence_head": self.confidence,
@@ -254,22 +259,27 @@ def parse_dspark(
             f"dflash_config.conv_kernel_size={dflash.get('conv_kernel_size')!r} and conv_group_size="
             f"{dflash.get('conv_group_size')!r}: the block convolutions need both (or neither), as SGLang requires"
         )
+    rows = gamma + (0 if anchor else 1)
     if T is not None:
         why = (
-            "sample_from_anchor is false (gamma + 1 rows per request against SGLang's per-block index)"
-            if not anchor
-            else f"the model's block size {model_block} differs from gamma {gamma} ({gamma_src[0]})"
-            if model_block != gamma
-            else f"conv_kernel_size {T} exceeds gamma {gamma}"
-            if T > gamma
+            f"the block's {rows} rows (gamma {gamma} from {gamma_src[0]}, sample_from_anchor={anchor}) exceed the "
+            f"model's block size {model_block} (dflash_config.block_size, else block_size), so SGLang's convolution "
+            "index restarts inside the block"
+            if rows > model_block
+            else f"conv_kernel_size {T} exceeds the block's {rows} rows"
+            if T > rows
             else f"conv_group_size {gs} does not divide hidden_size {hidden_size}"
             if hidden_size % gs
             else None
         )
         if why:
-            raise CheckpointError(
-                f"dflash_config.conv_kernel_size={T} with DSpark: {why}, where SGLang's convolution index "
-                "misaligns the slots; not implemented"
+            raise CheckpointError(f"dflash_config.conv_kernel_size={T} with DSpark: {why}; not implemented")
+        if rows < model_block:
+            warnings.append(
+                f"DSpark block convolutions over {rows} rows per request while the model's block size is "
+                f"{model_block}: a lone request's slots are aligned (what is evaluated here), but SGLang's "
+                "convolution index runs over the flattened batch, so in a batch of requests the later ones are "
+                f"misaligned; set dflash_config.block_size to {rows}"
             )
     projector = dflash.get("projector_type")
     if projector == "domino":
@@ -287,7 +297,7 @@ def parse_dspark(
             "has_embed_tokens=True on a DSpark drafter: Nemotron-3.5 DSpark (its own embedding, a quantized Markov "
             "head) is not implemented"
         )
-    out["block_size"] = gamma + (0 if anchor else 1)
+    out["block_size"] = rows
     vocab = raw.get("vocab_size")
     cfg = DSparkConfig(
         gamma,
@@ -301,6 +311,7 @@ def parse_dspark(
         None if vocab is None else _int("vocab_size", vocab, 1),
         arch,
         mode,
+        None if T is None else model_block,
     )
     return cfg, out
 
