@@ -91,7 +91,8 @@ def main() -> None:
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}, str(a.out / "model.safetensors"))
     (a.out / "config.json").write_text(json.dumps(cfg, indent=2))
     print(
-        f"wrote {a.out} ({a.layout} layout, {a.head} head rank {a.rank}, gamma {a.gamma}, sample_from_anchor={a.anchor})"
+        f"wrote {a.out} ({a.layout} layout, {a.head} head rank {a.rank}, gamma {a.gamma}, "
+        f"sample_from_anchor={a.anchor})"
     )
 
 
