@@ -26,6 +26,7 @@ from dflash.models.drafter.dspark_config import (
     DSparkConfig,
     parse_dspark,
     refuse_architecture,
+    refuse_variant,
 )
 from dflash.models.drafter.rope import (
     attention_scaling_warning,
@@ -424,11 +425,14 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
             f"architectures={archs!r}: one of {[[a] for a in ARCHITECTURES]} is implemented (not other variants)"
         )
     arch = ARCHITECTURES[archs[0]]
-    if arch != "dspark" and (keys := [k for k in TOP_KEYS if raw.get(k) not in (None, False, 0, {})]):
+    dspark_only = [k for k in TOP_KEYS if k != "sample_from_anchor"]  # DFlash's: EXTENSIONS (false is DFlash's own)
+    if arch != "dspark" and (keys := [k for k in dspark_only if raw.get(k) not in (None, False, 0, {})]):
         raise CheckpointError(
             f"config keys {keys} are DSpark's, but architectures={archs!r} is not a DSpark drafter: SGLang would serve "
             f"it without DSpark's heads. Name it as what it is (a DSpark drafter: one of {list(DSPARK_ARCHITECTURES)})"
         )
+    if arch == "dspark":
+        refuse_variant(raw)
     extra = _classify(raw, "", UNDERSTOOD | (set(TOP_KEYS) if arch == "dspark" else set()))
     nested_known = {*DFLASH_FIELDS, "causal"} | (
         set(DFLASH2_FIELDS)

@@ -129,6 +129,15 @@ def refuse_architecture(arch: str) -> CheckpointError | None:
     )
 
 
+def refuse_variant(raw: dict[str, Any]) -> None:
+    """DSpark variants under a dense DSpark name that are not implemented, refused by name before any other key."""
+    if raw.get("has_embed_tokens"):
+        raise CheckpointError(
+            "has_embed_tokens=True on a DSpark drafter: Nemotron-3.5 DSpark (its own embedding, a quantized Markov "
+            "head) is not implemented"
+        )
+
+
 def _found(sources: list[tuple[str, Any]], lower: bool = False) -> list[tuple[str, Any]]:
     """(where, value) of the sources that hold the key, first wins; their values must agree."""
     hits = [(w, (v.lower() if lower and isinstance(v, str) else v)) for w, v in sources if v is not None]
@@ -292,11 +301,6 @@ def parse_dspark(
     mode = dflash.get("attention_mode")
     if mode is not None and mode not in ("gqa", "mha"):
         raise _bad("dflash_config.attention_mode", mode, "gqa or mha (the attention implemented here)")
-    if raw.get("has_embed_tokens"):
-        raise CheckpointError(
-            "has_embed_tokens=True on a DSpark drafter: Nemotron-3.5 DSpark (its own embedding, a quantized Markov "
-            "head) is not implemented"
-        )
     out["block_size"] = rows
     vocab = raw.get("vocab_size")
     cfg = DSparkConfig(
