@@ -23,7 +23,7 @@ from dflash.models.drafter.dspark_config import DSparkConfig
 from dflash.models.drafter.model import DFlashDrafter
 from dflash.models.target.forward import tapped_forward
 from dflash.online.speculative import speculative_generate
-from dflash.stages.metrics import ConventionCheck, Counters, convention_check, count_step, dspark_summary
+from dflash.stages.metrics import Counters, convention_check, count_step, dspark_summary
 from dflash.stages.replay.loop import Drafts, ReplayOptions, _walk_all, prepare, replay_group
 
 ROOT = Path(__file__).resolve().parents[2]
