@@ -152,13 +152,28 @@ def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anc
 
 def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
     """`propose` from the drafter's raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
+    return propose_from(drafter, logits, h, anchor, (0,))[0]
+
+
+def propose_from(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor, starts: tuple[int, ...]) -> list:
+    """`propose_logits` over slots s.. of the same rows for each s in `starts` (a walk from the anchor each): the
+    unary part (argmax, DFlash2's top-k and projection) computed once for all rows, as it is row by row."""
     if drafter.cfg.dspark is not None:  # DSpark: the Markov walk (dflash/models/drafter/dspark.py)
         mapped = drafter.to_target if drafter.d2t is not None else None
-        tokens, conf = rollout(drafter.markov_head, drafter.confidence_head, logits, h, anchor, mapped)
-        return Proposal(tokens, logits.argmax(-1), None, conf)
+        out = []
+        for s in starts:
+            tokens, conf = rollout(
+                drafter.markov_head, drafter.confidence_head, logits[:, s:], h[:, s:], anchor, mapped
+            )
+            out.append(Proposal(tokens, logits[:, s:].argmax(-1), None, conf))
+        return out
     d2 = drafter.cfg.dflash2
     if d2 is None:
         top = logits.argmax(-1)
-        return Proposal(top, top, None)
+        return [Proposal(top[:, s:], top[:, s:], None) for s in starts]
     c = unary_candidates(drafter.candidate_selector, d2, logits, h)
-    return Proposal(walk(drafter.candidate_selector, c, anchor.to(c.ids.device)), c.ids[..., 0], c.ids)
+    out = []
+    for s in starts:
+        cs = Candidates(c.ids[:, s:], c.scores[:, s:], c.proj[:, s:])
+        out.append(Proposal(walk(drafter.candidate_selector, cs, anchor.to(c.ids.device)), cs.ids[..., 0], cs.ids))
+    return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dflash.models.drafter.dflash2 import propose_logits, transform, unary_candidates, walk
+from dflash.models.drafter.dflash2 import propose_from, transform, unary_candidates, walk
 from dflash.models.drafter.model import DFlashDrafter, DrafterConfig
 from dflash.models.target.model import Target
 from dflash.util.errors import NumericsError
@@ -190,13 +190,14 @@ def propose_rows(
     )  # 2-D into the head: a 3-D strided input takes a slow bmm path
     main = logits[:, off - lo :]  # [R, K, V]
     K = main.shape[1]
-    p = propose_logits(drafter, main, h[:, off:], anchor_tok)
+    starts = (off - lo, alt - lo) if opt.other else (off - lo,)
+    p, *q = propose_from(drafter, logits, h[:, lo:], anchor_tok, starts)  # one unary pass for both conventions
     out: dict[str, Tensor | None] = dict.fromkeys(FIELDS)
     out.update(tokens=p.tokens, topk=p.topk, accept_p=p.accept_p)
     if cfg.dflash2 is not None or cfg.dspark is not None:
         out["unary"] = p.unary
-    if opt.other:
-        out["other"] = propose_logits(drafter, logits[:, alt - lo :], h[:, alt:], anchor_tok).tokens
+    if q:
+        out["other"] = q[0].tokens
     d2 = cfg.dflash2
     if opt.scores and ref is not None:
         logits = main.reshape(R * K, -1)
