@@ -48,10 +48,13 @@ INIT_ARCHS = ("dflash", "dflash2")  # drafter=init's architectures (docs/family.
 class DrafterSchema:
     kind: str = MISSING  # training | hf | init
     name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
-    run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
-    # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th):
-    # StepSelection
+    # kind=training: the run folder (step_<N>/, SpecForge's epoch_<e>_step_<s>/ or <run_id>-step<N>/: layouts.py)
+    run_dir: Optional[str] = None
+    # kind=training: null | latest | best | N | all | [N, M, ...] | A..B (either end open) | all or A..B /k (every
+    # k-th): StepSelection
     step: Any = None
+    # kind=training, SpecForge's unified layout (no config.json in a step): the drafter JSON the run was launched with
+    config: Optional[str] = None
     path: Optional[str] = None  # kind=hf
     # only where a checkpoint lacks them:
     block_size: Optional[int] = None
@@ -96,6 +99,15 @@ class DrafterSchema:
         if self.window is not None and self.window < 1:
             raise ConfigError(
                 f"drafter.window={self.window}: use a positive number of positions (or null: full-attention layers)"
+            )
+        if self.config is not None and (not isinstance(self.config, str) or not self.config.strip()):
+            raise ConfigError(
+                f"drafter.config={self.config!r}: use the path of the drafter JSON a SpecForge run was launched with"
+            )
+        if self.config is not None and self.kind not in ("training", "???"):
+            raise ConfigError(
+                f"drafter.config is the launch JSON of a SpecForge training run (drafter=training, drafter.run_dir); "
+                f"drafter={self.kind} reads its config from its own folder"
             )
         if self.step != "???":
             sel = StepSelection.parse(self.step)

@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any, Sequence
 
-from dflash.tracking.record import BY_POSITION, SELECTOR_GAIN, TAU_UNARY
+from dflash.tracking.record import BY_POSITION, SELECTOR_GAIN, TAU_UNARY, train_name
 from dflash.tracking.store import NOTE_TAG, VIEW_KEY, mlflow_client, store_lock
 
 
@@ -138,7 +138,7 @@ TRAINING_VIEW_KEY = "dflash-training"  # a training run's parent: mlflow.sharedV
 
 
 def training_view(train_accuracy: str | None) -> dict[str, Any]:
-    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train/<name>`) against the
+    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train_name`) against the
     training step, on one chart; then expected τ with the teacher-forced accuracy at slots 1-3; the rest collapsed."""
 
     def line(i: int, keys: list[str]) -> dict[str, Any]:
@@ -162,7 +162,7 @@ def training_view(train_accuracy: str | None) -> dict[str, Any]:
             "range": {},
         }
 
-    first = ["acceptance_length", *([f"train/{train_accuracy}"] if train_accuracy else [])]
+    first = ["acceptance_length", *([train_name(train_accuracy)] if train_accuracy else [])]
     charts = [
         line(0, first),
         line(1, ["expected_acceptance_length", "accuracy/slot_1", "accuracy/slot_2", "accuracy/slot_3"]),
