@@ -326,12 +326,14 @@ class WatchConfig:  # follow=true: how the run folder is watched (dflash/evaluat
 
 @dataclass
 class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/runs/trainlog.py)
-    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard |
-    # mlflow | none
+    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir (SpecForge: <run_dir>/runs), else none
+    # | jsonl | tensorboard | mlflow | none
     source: str = "auto"
     path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
     uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
-    run: Optional[str] = None  # mlflow: the trainer's run id or name
+    # mlflow: the trainer's run ids or names, comma-separated (a name: every run of it alive while the run folder's
+    # steps were saved); null: SpecForge's runs of the folder (unified: named after its run_id; legacy: its output_dir)
+    run: Optional[str] = None
     keys: Optional[list[str]] = (
         None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
     )
@@ -345,12 +347,6 @@ class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under t
     def __post_init__(self) -> None:
         if self.source not in ("auto", "jsonl", "tensorboard", "mlflow", "none", "???"):
             raise ConfigError(f"train_metrics.source={self.source!r}: use auto, jsonl, tensorboard, mlflow or none")
-        if self.source == "mlflow" and not self.run:
-            raise ConfigError(
-                "train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and "
-                "train_metrics.uri "
-                "when it logs to another store)"
-            )
         for k in self.keys or []:
             try:
                 re.compile(k)

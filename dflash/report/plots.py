@@ -224,6 +224,6 @@ def training_run_figure_png(
         (star,) = ax.plot([tau_best], [taus[i]], "*", ms=14, color="tab:red")
         handles.append(star)
         labels.append(f"best τ (step {tau_best})")
-    ax.legend(handles, labels, fontsize=7, loc="lower right")
+    ax.legend(handles, labels, fontsize=7, loc="best")
     ax.set_title(title or "τ by training step", fontsize=10)
     return _png(fig)
