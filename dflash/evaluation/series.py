@@ -10,8 +10,14 @@ step, logged as a single evaluation is (dflash.evaluation.logged). The parent ho
 (dflash.runs.trainlog; from its MLflow run through dflash.tracking). A step whose checkpoint digest a
 finished child already holds is skipped, so a nightly job or a restarted follower evaluates only what is new.
 
+The run folder may be any layout dflash.models.drafter.layouts reads (dflash.train's, SpecForge's two): a step is
+known by the digest of its weights, so SpecForge's final save repeating a step is evaluated once, and a step rewritten
+with other weights (a rewind) is evaluated again, the old timeline's children tagged superseded and the parent
+continued as a new lineage (`rewound`); a step the trainer deletes (rotation) stays as it was measured.
+
 follow=true: the run folder is polled every watch.poll_s; a step folder is evaluated once complete and
-unchanged for watch.settle_s (dflash.runs.watch). It ends on watch.last_step, after watch.quiet_s without a
+unchanged for watch.settle_s (dflash.runs.watch; without follow, SpecForge's legacy steps, written in place, wait for
+their files to be watch.settle_s old). It ends on watch.last_step, after watch.quiet_s without a
 new step, or on SIGTERM / Ctrl-C while waiting (the parent ends FINISHED, exit 0); a signal during a step ends
 that child and the parent KILLED (the step is evaluated again at the next start). A step that fails (a
 damaged checkpoint) ends its child FAILED and the others go on; the parent then ends FAILED (exit 2).
@@ -76,8 +82,7 @@ def family(cfg: EvalConfig, run_dir: Path, run_id: str | None = None) -> Any:
         "references": {k: getattr(r, k) for k in ("source", "model", "temperature", "top_p", "top_k", "seed")},
         "replay.tf_stride": cfg.replay.tf_stride,
         "drafter": {k: getattr(d, k) for k in ("block_size", "mask_token_id", "target_layer_ids", "sliding_window")},
-        **({"run_id": run_id} if run_id else {}),  # SpecForge: one run of the folder
-        **({"drafter.config": str(find_path(d.config).resolve())} if d.config else {}),
+        **({"run_id": run_id} if run_id and len(layouts.run_ids(run_dir)) > 1 else {}),  # one of a folder's runs
     }
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"{d.name or run_id or run_dir.name}: τ by step"

@@ -18,6 +18,9 @@ Several runs (a sweep's children, two compared runs):
   an undefined τ is a gap.
 - `curves_png`: one per-position curve per run, overlaid.
 - `gaps_png`: paired gaps B − A per metric with ±2 SE bars (two compared runs).
+
+A training run (dflash.report.training_run): `training_run_figure_png`, τ ± SE by training step beside the
+trainer's own metrics on a second axis, the trainer's best step and the step of best τ marked.
 """
 
 from __future__ import annotations

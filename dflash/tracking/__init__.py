@@ -21,7 +21,10 @@ Layout (what evaluate.py logs through `Run`; docs/metrics.md and docs/mlflow.md)
   setting are children of one parent (tag `dflash.series_id`, a digest of that identity; role
   `training_run`), which holds one point per step on its curves (MLflow step = training step: τ micro,
   macro, per subset, expected τ, accuracy at slots 1-3, other τ-like scalars a child logs) and the
-  trainer's own metrics under `train/`. A step whose checkpoint digest a finished child holds is skipped.
+  trainer's own metrics under `train/` (`train_name`: a name already there kept) and a picture of both
+  (`TRAINING_CHART`). A step whose checkpoint digest a finished child holds is skipped. A rewind (a step rewritten
+  with other weights) marks the old timeline's children `dflash.superseded_by` (`supersede`) and continues the
+  parent as a new lineage holding the points before it (`new_lineage`; `series_children` reads every lineage's).
 - Sweeps: every job of one `-m` sweep is a child of one parent run per experiment, found by the
   sweep's unique id (tag `dflash.sweep_id`, see dflash/cli/app.py), never by its folder. Both families
   live in dflash/tracking/parents.py. At the end

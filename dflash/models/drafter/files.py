@@ -1,4 +1,5 @@
-"""Drafter checkpoint files: where a training step lives, reading the two formats, writing them.
+"""Drafter checkpoint files: a step folder's files, reading the two formats, writing them (which step folders a run
+holds, in which layout: dflash/models/drafter/layouts.py).
 
 Formats (the loader's phases are in dflash/models/drafter/checkpoint.py):
 - training: `<run_dir>/step_<N>/checkpoint.pt`, a torch pickle with the weights under a key such as
@@ -6,8 +7,10 @@ Formats (the loader's phases are in dflash/models/drafter/checkpoint.py):
   pickle that would run code is refused) and `mmap=True`; `module.` / `_orig_mod.` prefixes stripped;
   the optimizer state is never touched. A legacy (non-zip) pickle is refused with the command that
   converts it.
-- hf: a folder of config.json + *.safetensors (a `step_<N>/` folder may hold it too). A folder
-  holding both a pickle and safetensors is refused: which one is the drafter?
+- hf: a folder of config.json + *.safetensors (a `step_<N>/` folder may hold it too; so does SpecForge's legacy
+  `epoch_<e>_step_<s>/`, whose optimizer pickle beside it the caller names as not the drafter). A folder
+  holding both a pickle and safetensors is refused: which one is the drafter? A file this user may not read
+  (safetensors >= 0.8 writes 0600) is refused saying so.
 Reading returns (state dict, raw config dict); parsing and checking the config is the caller's.
 Writing (the trainer's) is atomic and follows the umask (dflash/util/files.py).
 """

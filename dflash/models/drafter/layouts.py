@@ -142,6 +142,11 @@ def _entries(root: Path) -> list[Path]:
         return []
 
 
+def run_ids(root: Path) -> list[str]:
+    """The SpecForge run ids whose unified step folders a folder holds."""
+    return sorted(_unified_steps(root))
+
+
 def detect(root: Path) -> str | None:
     """The layout of a run folder (None: no step folder of any layout yet); several at once is refused."""
     found = []
