@@ -184,8 +184,8 @@ class Series:
         self.cfg, self.config_text, self.tags = cfg, config_text, tags
         self.run_dir = find_path(str(cfg.drafter.run_dir))
         self.root, self.run_id, _ = layouts.locate(self.run_dir)
-        if not self.root.is_dir() and not cfg.follow:  # following: the folder may come with the trainer's first step
-            raise layouts.unreadable(self.root)
+        if not cfg.follow and scan(self.run_dir).layout is None:  # following: steps may come with the trainer
+            raise layouts.unreadable(self.root)  # before the plan: nothing loads for a folder that cannot be read
         self.sel = StepSelection.parse(cfg.drafter.step)
         if cfg.follow and self.sel.single and self.sel.step is None and not self.sel.best:
             self.sel = StepSelection(single=False)  # follow=true, no step named: every step as it comes

@@ -579,3 +579,44 @@ def test_unified_run_beside_its_mlflow_runs_on_one_chart(tmp_path, qwen3_dir, qw
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("DFLASH_SPECFORGE_CHART"):  # keep the chart to look at
         shutil.copy(png, os.environ["DFLASH_SPECFORGE_CHART"])
+
+
+# --- the payload's refusals and the contract, without a target ---------------------------------------
+
+
+def test_a_payload_is_read_weights_only_and_other_strategies_are_refused_by_name(tmp_path, qwen3_target):
+    from dflash.models.drafter import specforge
+
+    sd, raw = tiny(qwen3_target, 1)
+    unified_save(tmp_path, 10, sd, contract(raw))
+    path = tmp_path / f"{RUN_ID}-step10" / "training_state.pt"
+    got, meta = specforge.read_payload(path)
+    assert sorted(got) == sorted(sd) and meta["dflash_target_layer_ids"] == [1, 3] and meta["global_step"] == 10
+    torch.save({"draft_state_dict": sd, "strategy": "dspark"}, path)
+    with pytest.raises(CheckpointError, match="'dspark' strategy \\(DSpark drafter\\)"):
+        specforge.read_payload(path)
+    torch.save({"draft_state_dict": sd, "strategy": "dflash", "args": argparse.Namespace(lr=1)}, path)
+    with pytest.raises(CheckpointError, match="weights-only load refuses it.*specforge export --to hf"):
+        specforge.read_payload(path)
+    torch.save({"model": sd}, path)
+    with pytest.raises(CheckpointError, match="has no draft_state_dict"):
+        specforge.read_payload(path)
+
+
+def test_the_contract_over_the_launch_json():
+    from dflash.models.drafter.specforge import apply_contract
+
+    raw = {"num_hidden_layers": 2, "layer_types": ["sliding_attention"] * 2, "block_size": 16,
+           "dflash_config": {"mask_token": "<|mask|>", "target_layer_ids": [1, 9]}}  # fmt: skip
+    terms = {"dflash_draft_num_hidden_layers": 3, "dflash_block_size": 8, "dflash_mask_token_id": 7,
+             "dflash_target_layer_ids": [1, 9]}  # fmt: skip
+    out, warns = apply_contract(raw, terms, Path("l.json"))
+    assert out["num_hidden_layers"] == 3 and out["layer_types"] == ["sliding_attention"] * 3
+    assert out["dflash_config"] == {"target_layer_ids": [1, 9], "block_size": 8, "mask_token_id": 7}
+    assert "block_size" not in out and len(warns) == 2  # layers 2 -> 3, block 16 -> 8; the mask filled, taps agree
+    assert "num_hidden_layers=2, but the run trained dflash_draft_num_hidden_layers=3" in warns[0]
+    mixed = {**raw, "layer_types": ["sliding_attention", "full_attention"]}
+    with pytest.raises(CheckpointError, match="which kind is each"):
+        apply_contract(mixed, terms, Path("l.json"))
+    with pytest.raises(CheckpointError, match="trained as DFlash2 \\(dflash2_selector_rank=16\\).*DFlashDraftModel"):
+        apply_contract(raw, {**terms, "dflash2_selector_rank": 16}, Path("l.json"))

@@ -41,9 +41,9 @@ from dflash.util.files import find_path
 DFLASH, LEGACY, UNIFIED = "dflash", "specforge-legacy", "specforge"
 UNITS = {DFLASH: "step", LEGACY: "micro_batch", UNIFIED: "optimizer_step"}  # what a layout's step number counts
 WHERE = {  # what each layout's step folders look like, for messages
-    DFLASH: "step_<N>/ (checkpoint.pt, or config.json + *.safetensors)",
-    LEGACY: "epoch_<e>_step_<s>/ (config.json + model.safetensors)",
-    UNIFIED: "<run_id>-step<N>/training_state.pt",
+    DFLASH: "step_<N>/ (python -m dflash.train: checkpoint.pt, or config.json + *.safetensors)",
+    LEGACY: "epoch_<e>_step_<s>/ (SpecForge's train_dflash.py: config.json + model.safetensors)",
+    UNIFIED: "<run_id>-step<N>/training_state.pt (specforge train)",
 }
 LEGACY_DIR = re.compile(r"epoch_(\d+)_step_(\d+)")
 UNIFIED_DIR = re.compile(r"(.+)-step(\d+)")
