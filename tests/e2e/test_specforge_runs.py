@@ -620,3 +620,11 @@ def test_the_contract_over_the_launch_json():
         apply_contract(mixed, terms, Path("l.json"))
     with pytest.raises(CheckpointError, match="trained as DFlash2 \\(dflash2_selector_rank=16\\).*DFlashDraftModel"):
         apply_contract(raw, {**terms, "dflash2_selector_rank": 16}, Path("l.json"))
+
+
+def test_drafter_config_is_for_a_training_run():
+    from dflash.util.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drafter.config is the launch JSON of a SpecForge training run"):
+        compose(["drafter=hf", "drafter.path=x", "drafter.config=launch.json"])
+    assert compose(["drafter=training", "drafter.run_dir=x", "drafter.config=l.json"]).drafter.config == "l.json"
