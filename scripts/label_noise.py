@@ -14,7 +14,7 @@ import torch
 from dflash.models.target.model import load_target
 from dflash.train.data import build_sequences
 from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_last_hidden
-from dflash.train.train_prompts import build_prompts
+from dflash.train.prompts import build_prompts
 from dflash.util.progress import configure
 
 configure()
