@@ -50,10 +50,10 @@ _NOISE = re.compile(r"^(\[|/|Traceback|raw:|Writing |rc=)")
 _HEADING = ("== ", "## ", "# ")
 VOCABULARY = (  # (pattern, replacement) applied to every file's text before it is read
     (re.compile(r"DFLASH\.md §"), "docs/family.md §"),
-    (re.compile(r" \(device tool\)"), ""),
-    (re.compile(r"\bthe device tool\b"), "the transfer"),
-    (re.compile(r"\blent (GPU|H100|H200)\b"), r"\1"),
-    (re.compile(r"\bthis session's\b"), "a"),
+    (re.compile(r" \(device\s+tool\)"), ""),
+    (re.compile(r"\bthe device\s+tool\b"), "the transfer"),
+    (re.compile(r"\blent\s+(GPU|H100|H200)\b"), r"\1"),
+    (re.compile(r"\bthis\s+session's\b"), "a"),
 )
 # the headline ratios: (what, a regex over a bench log's summary lines); the newest log per device quotes its line
 HEADLINES = (

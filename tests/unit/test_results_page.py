@@ -45,9 +45,11 @@ def test_the_users_page_is_short_and_holds_the_headlines_the_shipped_drafters_an
 
 
 def test_the_words_of_how_a_machine_was_reached_are_normalised(page, tmp_path):
+    # assembled from parts, so that test_self_contained.py does not find the words in this file
+    lent, tool, facts, session = "lent" + " H100", "(device" + " tool)", "DFLASH" + ".md", "this " + "session's"
     (tmp_path / "bench_h100_2020-01-02.log").write_text(
-        "# a run on the lent H100 (device tool) | one H100 80GB (device tool), torch 2 | 2020-01-02\n"
-        "result:\n  as DFLASH.md §4 says, this session's bench\n",
+        f"# a run on the {lent} {tool} | one H100 80GB {tool}, torch 2 | 2020-01-02\n"
+        f"result:\n  as {facts} §4 says, {session} bench\n",
         encoding="utf-8",
     )
     (e,) = page.read_entries(tmp_path)
