@@ -1,6 +1,6 @@
-"""The package as a user installs it: the wheel built from this clone (`pip wheel --no-deps`), installed `--no-deps` into
-a fresh venv that sees the dependencies already installed beside this interpreter, runs every console command from a
-directory outside the clone, and a tiny evaluation lands in that directory's mlflow.db.
+"""The package as a user installs it: the wheel built from this clone (`pip wheel --no-deps`), installed `--no-deps`
+into a fresh venv that sees the dependencies already installed beside this interpreter, runs every console command
+from a directory outside the clone, and a tiny evaluation lands in that directory's mlflow.db.
 
 The new venv reaches the dependencies through a `.pth` line naming this interpreter's site-packages as a plain path:
 the `.pth` files there (among them the clone's editable install) are not run, so `dflash` can only come from the

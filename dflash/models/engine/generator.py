@@ -143,7 +143,7 @@ def decode_steps(prompts: int, batch: int, max_new_tokens: int) -> int:
 def choose_compile(choice: bool | str, steps: int, min_steps: int) -> tuple[bool, str]:
     """`references.compile`: true / false as given; auto compiles (inductor before the CUDA graph
     capture) only when the engine will run at least `min_steps` decode steps, where the saving per
-    step pays for the compile's set-up (break-even measured by `python -m dflash.bench`). -> (compile, why)."""
+    step pays for the compile's set-up (break-even measured by `dflash-bench`). -> (compile, why)."""
     c = str(choice).lower()
     if c not in COMPILE_CHOICES:
         raise ValueError(f"compile={choice!r}: use auto, true or false")
