@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE = re.compile(re.escape("../" + "shared") + "|" + re.escape("DFLASH" + ".md"))
 SETUP_WORDS = re.compile(
-    r"lent (GPU|H100|H200)|" + "device" + r" tool|this " + "session|a lease|the " + "lease", re.IGNORECASE
+    r"lent (GPU|H100|H200)|" + "device" + r" tool|this " + "session|a" + " lease|the " + "lease", re.IGNORECASE
 )
 
 
