@@ -4,7 +4,7 @@
 (dflash/models/target/sampling.py), stopping each row at EOS. Its step is one captured function (a CUDA
 graph on CUDA). Finished rows stay in their batch, masked: they feed a pad token and record
 nothing. A step's time hardly depends on the rows (measured: the engine's batch-1 and
-batch-12 rates in docs/results.md), so dropping finished rows would save little; a batch stops once
+batch-12 rates in docs/results-full.md), so dropping finished rows would save little; a batch stops once
 every row has finished (checked every `Generator.period` steps, the only host synchronisation of
 the loop).
 
