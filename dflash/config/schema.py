@@ -235,7 +235,7 @@ class FeaturesConfig:
                 raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
 
     def batch(self, cuda: bool) -> int | None:
-        """`batch_tokens` resolved, as measured (`python -m dflash.bench --scale`: the steady feature pass both ways):
+        """`batch_tokens` resolved, as measured (`dflash-bench --scale`: the steady feature pass both ways):
         auto
         batches on CUDA (one sequence per pass is bound by the host launching kernels, which batching divides by the
         batch)
@@ -270,7 +270,7 @@ class ReplayConfig:
             raise ConfigError(f"replay.context_gb={self.context_gb}: use a positive size in GB (e.g. 1)")
 
     def mode(self, cuda: bool) -> str:
-        """`anchors` resolved, as measured (python -m dflash.bench: `replay` section; `--scale qwen3_6_27b`): auto
+        """`anchors` resolved, as measured (dflash-bench: `replay` section; `--scale qwen3_6_27b`): auto
         drafts
         every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the walk's lockstep would only add its
         cost),

@@ -1,7 +1,7 @@
 """`dflash.evaluate(...)`: one drafter evaluated from Python (a training loop's callback, a notebook), no Hydra app.
 
 The `lm_eval.simple_evaluate` convention: keyword arguments in, the typed result out (`EvalResult`: metrics,
-curves, per-prompt counters, run info), MLflow only when asked (`log=True`: a run as `python evaluate.py`
+curves, per-prompt counters, run info), MLflow only when asked (`log=True`: a run as `dflash-eval`
 logs it, in tracking.uri). Settings are named as on the command line: the presets of dflash/conf/ by name (`target=`,
 `prompts=`), any other key through `overrides=["prompts.num_prompts=32", ...]`, composed and checked by the
 same strict schema; or a ready `config=EvalConfig(...)` (no dflash/conf/ read at all). A path names the drafter:
@@ -56,7 +56,7 @@ def evaluate(
     progress: bool = False,
 ) -> EvalResult:
     """Evaluate one drafter -> its `EvalResult` (`.metrics["acceptance_length"]` is τ). `drafter`, `target`, `prompts`
-    and `overrides` compose dflash/conf/ as `python evaluate.py` would (defaults: the schema's and
+    and `overrides` compose dflash/conf/ as `dflash-eval` would (defaults: the schema's and
     dflash/conf/config.yaml's);
     `config` replaces all of them. `log=True` logs the run to MLflow (`tracking_uri`, else tracking.uri) and sets
     `result.run_id`. Bad input raises dflash.util.errors.UserError subclasses with the message the CLI prints."""
@@ -80,7 +80,7 @@ def evaluate(
         raise ConfigError(
             f"dflash.evaluate evaluates one checkpoint; drafter.step={config.drafter.step!r} / follow=true evaluate a "
             f"training run: "
-            "use `python evaluate.py ... drafter.step=all` (or follow=true), or call dflash.evaluate once per step"
+            "use `dflash-eval ... drafter.step=all` (or follow=true), or call dflash.evaluate once per step"
         )
     configure(config.progress)
     if not log:

@@ -1,6 +1,6 @@
 """MLflow tracking: the only package that knows MLflow.
 
-Layout (what evaluate.py logs through `Run`; docs/metrics.md and docs/mlflow.md):
+Layout (what dflash-eval logs through `Run`; docs/metrics.md and docs/mlflow.md):
 - One experiment per target, `dflash/<target>` (training: `dflash-train/<target>`), tagged
   `mlflow.experimentKind=custom_model_development` so MLflow 3 opens it as a model-training
   experiment (its runs table), not in its GenAI mode; an evaluation experiment also holds a

@@ -17,7 +17,7 @@ def view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
-EXPERIMENT_NOTE = """Evaluations of DFlash drafters on this target (dflash-eval, `python evaluate.py`).
+EXPERIMENT_NOTE = """Evaluations of DFlash drafters on this target (`dflash-eval`).
 
 - **τ** = `acceptance_length`: committed tokens per verify step, bonus included (plain decoding = 1), \
 with `acceptance_length_se` (SE over prompts) and `acceptance_length/<subset>`.

@@ -4,7 +4,7 @@ The one home of "which steps does this run hold" (read by dflash.runs.watch, dfl
 dflash.models.drafter.checkpoint and dflash.evaluation.api). Three layouts, told apart by their folder names
 (docs/training-runs.md, docs/specforge-runs.md):
 
-- `dflash` (`python -m dflash.train`): `<run>/step_<N>/` holding `checkpoint.pt` or an HF-format folder; N counts
+- `dflash` (`dflash-train`): `<run>/step_<N>/` holding `checkpoint.pt` or an HF-format folder; N counts
   optimizer steps.
 - `specforge-legacy` (SpecForge's `scripts/train_dflash.py`): `<run>/epoch_<e>_step_<s>/` holding `config.json`,
   `model.safetensors` (the drafter), `training_state.pt` (optimizer state: never unpickled) and a copy of the modeling
@@ -41,7 +41,7 @@ from dflash.util.files import find_path
 DFLASH, LEGACY, UNIFIED = "dflash", "specforge-legacy", "specforge"
 UNITS = {DFLASH: "step", LEGACY: "micro_batch", UNIFIED: "optimizer_step"}  # what a layout's step number counts
 WHERE = {  # what each layout's step folders look like, for messages
-    DFLASH: "step_<N>/ (python -m dflash.train: checkpoint.pt, or config.json + *.safetensors)",
+    DFLASH: "step_<N>/ (dflash-train: checkpoint.pt, or config.json + *.safetensors)",
     LEGACY: "epoch_<e>_step_<s>/ (SpecForge's train_dflash.py: config.json + model.safetensors)",
     UNIFIED: "<run_id>-step<N>/training_state.pt (specforge train)",
 }
