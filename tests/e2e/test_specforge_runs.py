@@ -1,6 +1,6 @@
 """SpecForge's training runs evaluated as SpecForge writes them (docs/specforge-runs.md) on the tiny target.
 
-The helpers write what SpecForge's trainers write, with their key names, file order, temporary files and links:
+The writers below write what SpecForge's trainers write, with their key names, file order, temporary files and links:
 - `unified_save` / `unified_best`: `specforge train`'s `<run_id>-step<N>/` (rank files, then training_state.pt, each
   through `<name>.tmp` + rename; a save first deletes every step >= N: the rewind; `max_checkpoints` rotation;
   `-latest` / `-best` relative symlinks; `<run_id>.best_meta.json`);
