@@ -1,7 +1,7 @@
 """What a DSpark run reports (issue 41 part 3): the console's τ with the whole block, at each confidence threshold,
 the calibration table and the Markov gain; the MLflow names (dflash/tracking/record.py) and a training series'
 point; per_prompt.json rows and dflash-compare's paired rows; samples.html's marks; end to end on SmolLM2 (slow),
-`evaluate.py` on a DSpark folder prints and logs them, and the flipped folder warns naming the key."""
+`evaluate.py` on a DSpark folder prints and logs them."""
 
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def test_samples_mark_the_markov_choice_and_the_confidence(byte_tok):  # noqa: F
 @pytest.mark.slow
 def test_evaluate_a_dspark_folder_end_to_end(tmp_path):
     """scripts/make_dspark.py's folder evaluated as a user would: the console shows τ with the whole block and at
-    each threshold, the calibration table and the Markov gain, MLflow holds them and calibration.json; the same
-    folder saved with the other sample_from_anchor warns, naming the key."""
+    each threshold, the calibration table and the Markov gain, MLflow holds them and calibration.json (the same
+    folder saved with the other sample_from_anchor: test_dspark_replay.py's convention check)."""
     out = tmp_path / "dspark"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dspark.py"), str(out)], check=True)
     r = evaluate(tmp_path, *FAST, "drafter=hf", f"drafter.path={out}")

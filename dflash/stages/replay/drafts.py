@@ -9,6 +9,8 @@
   for DFlash2 the selector's walk, beside
   the unary argmax and the unary top-k from the same pass (no second replay), and with `scores` the
   NLL of the reference token and the top-1 probability (of the transformed unary logits for DFlash2).
+- `propose_rows`: one LM-head pass over the block rows both slot conventions read, the proposal rule
+  (`dflash2.propose_from`) for the drafter's convention and, with `ReplayOptions.other`, for the other one.
 - `lazy_proposals` (the visited mode): the LM head only on the slot groups of HEAD_GROUPS that a walk
   still reads, per row: a group runs while the drafted prefix (or, for DFlash2, the unary prefix, whose
   own walk the replay also follows) equals the reference. The DFlash2 walk in a group starts from the

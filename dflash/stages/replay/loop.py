@@ -6,7 +6,7 @@ reference. So the loop is index walking over proposals (`verify` is its one rule
 
     pos = P                          # first anchor: the token the prefill produced
     while pos < T - 1:               # T = len(prompt + reference)
-        a = longest prefix of proposal[pos] equal to reference[pos+1 : pos+B]
+        a = longest prefix of proposal[pos] equal to reference[pos+1 : pos+1+K]   # K drafts
         commit = min(a + 1, T - 1 - pos)      # accepted + bonus, capped where the reference ends
         pos += commit
 
@@ -24,6 +24,13 @@ DFlash2 drafters (dflash/models/drafter/dflash2.py): the proposal is the selecto
 passes also give the unary argmax, whose own walk over the same reference is counted beside
 (`Counters.unary_steps` / `unary_committed`: the unary τ), and the unary top-k (teacher-forced: the
 unary top-1 hits and the top-k recall). The `visited` mode follows both walks in one lockstep.
+DSpark drafters (dflash/models/drafter/dspark.py): the proposal is the Markov rollout, the unary walk its base
+argmax (the block without the Markov head); with a confidence head, one more walk per `ReplayOptions.thresholds`
+t verifies only the drafts before the first slot whose confidence is below t (`verified`; `Counters.thr_*`), and
+the teacher-forced anchors count the head's calibration (`calibrate`). Every drafter's replay also walks the
+other slot convention (`ReplayOptions.other`: the same drafter passes read one row earlier or later;
+`Counters.other_*`), what the convention check compares. A verify step runs `Counters.block_size` tokens: the
+anchor and the drafter's K proposals (DSpark's anchor convention: K = its rows, else rows - 1).
 The drafter's side (context K/V, drafter passes, the lazy LM head) is dflash/stages/replay/drafts.py.
 
 The drafter's context keys and values depend on the taps alone (`DFlashDrafter.context_kv`): they are
