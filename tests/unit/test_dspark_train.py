@@ -280,3 +280,41 @@ def test_bad_dspark_train_config_names_the_key(target, tmp_path, over, words):  
         check(cfg)
         T.train(cfg, target=target, seqs=[])
     assert words in str(e.value), str(e.value)
+
+
+def test_compare_pairs_a_dspark_runs_thresholds_with_the_default_s_whole_block():
+    """dflash-compare DEFAULT DSPARK: the DSpark run's τ at each confidence threshold, paired against the other
+    run's whole-block τ (a drafter without a confidence head verifies its whole block at any threshold); hand
+    counts on two prompts."""
+    from dflash.report.pairs import RunIdentity, align, compare
+    from dflash.stages.metrics import PromptRow
+
+    def row(i: int, steps: int, committed: int, **kw) -> PromptRow:
+        return PromptRow(
+            f"p{i}",
+            "x",
+            10,
+            64,
+            steps,
+            committed,
+            [0],
+            [1],
+            [1],
+            None,
+            prompt_digest=f"p{i}",
+            reference_digest=f"r{i}",
+            **kw,
+        )
+
+    default = [row(0, 20, 60), row(1, 30, 60)]  # τ 3 and 2
+    dspark = [
+        row(0, 16, 64, thresholds=[0.5, 0.9], thr_steps=[20, 32], thr_committed=[64, 64]),
+        row(1, 20, 60, thresholds=[0.5, 0.9], thr_steps=[24, 40], thr_committed=[60, 60]),
+    ]
+    ident = RunIdentity("t", "float32")
+    for a, b, sign in ((default, dspark, 1), (dspark, default, -1)):
+        out = {r.metric: r for r in compare(align(a, b, ident, ident))}
+        t5 = out["confidence_threshold/0.5"]
+        assert (t5.a, t5.b)[::sign] == pytest.approx((120 / 50, 124 / 44))
+        assert out["confidence_threshold/0.9"].diff == pytest.approx(sign * (124 / 72 - 120 / 50))
+        assert out["acceptance_length"].diff == pytest.approx(sign * (124 / 36 - 120 / 50))
