@@ -3,7 +3,7 @@
 # make lint                                        only ruff and lint-imports (.importlinter: layers, MLflow and Hydra confined, no import circle)
 # make setup                                       only the set-up
 # make drafters                                   restore the drafters outside checkpoints/' budget from the git history (checkpoints/extra.txt)
-# make results                                     rebuild docs/results.md and docs/training_results.md from the raw logs in scripts/results/
+# make results                                     rebuild docs/results.md, docs/results-full.md, docs/training_results.md (and the README table) from scripts/results/
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

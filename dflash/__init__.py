@@ -1,6 +1,8 @@
-"""dflash-eval: evaluation harness for DFlash speculative-decoding drafters (see README.md).
+"""dflash-eval: evaluation harness for DFlash speculative-decoding drafters (see README.md; the facts it relies on:
+docs/family.md).
 
-Where things live: `cli/` the commands (dflash-eval, dflash-compare); `evaluation/` one logged evaluation, its
+Where things live: `cli/` the commands (dflash-eval, dflash-compare; dflash-train and dflash-bench live in `train/`
+and `bench/`); `evaluation/` one logged evaluation, its
 pipeline and a training run's series; `stages/` prompts -> references -> features -> replay -> metrics; `result.py`
 the typed result every reader takes; `models/` the drafter, the target and the decoding engine; `report/` what a
 person reads; `tracking/` every MLflow name and the record's layout; `runs/` training runs on disk; `train/` the

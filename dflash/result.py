@@ -71,6 +71,8 @@ class RunInfo:
     prompt_format: str = (
         ""  # how prompts were rendered: chat template or not, thinking mode, system prompt (the summary prints it)
     )
+    # a training run's step: its layout, what its step number counts, epoch, run id (dflash.models.drafter.layouts)
+    checkpoint_origin: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `make drafters`: restores the drafters that live outside checkpoints/' 40 MB budget (the tree travels to the lent
-# GPU in 64 MiB calls) from the git history into the working tree. checkpoints/extra.txt lists them, a step folder and
-# the commit that holds it per line; .gitignore keeps them out of the tree again (and out of the GPU calls).
+# `make drafters`: restores the drafters that live outside checkpoints/' 40 MB budget (a clone stays small) from the
+# git history into the working tree. checkpoints/extra.txt lists them, a step folder and the commit that holds it per
+# line; .gitignore keeps them out of the tree again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! git rev-parse --git-dir >/dev/null 2>&1; then

@@ -2,7 +2,7 @@
 labels flipped (what training logs as label_flip_rate) and the share of positions whose majority
 label over many noise draws is not the target's greedy token (what a drafter trained on noisy labels
 learns instead), on the real target's greedy responses to training prompts. The table recorded in
-docs/results.md came from `24 0.3 0.5 0.7`.
+docs/results-full.md came from `24 0.3 0.5 0.7`.
 
     PYTHONPATH=. .venv/bin/python scripts/label_noise.py [num_prompts] [sigma ...]
 """
@@ -14,7 +14,7 @@ import torch
 from dflash.models.target.model import load_target
 from dflash.train.data import build_sequences
 from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_last_hidden
-from dflash.train.train_prompts import build_prompts
+from dflash.train.prompts import build_prompts
 from dflash.util.progress import configure
 
 configure()

@@ -1,20 +1,29 @@
-"""Builds docs/results.md, the one page of measured figures, from the raw files in scripts/results/:
-each log with its date, machine and command and its key lines quoted verbatim, each JSON file with its
-machine block, each hand-written record (`*.md`) included as it is. Nothing is measured here and no
-figure is typed in: a figure lives in its log, and the page only quotes it.
+"""Builds the two results pages from the raw files in scripts/results/ (nothing is measured here, no figure typed in:
+a figure lives in its log, and the pages quote it):
 
-    .venv/bin/python scripts/results_page.py            # (re)writes docs/results.md   (make results)
-    .venv/bin/python scripts/results_page.py --check    # exit 1 when docs/results.md is not what it would write
+- docs/results.md, what a user reads (at most 200 lines): the headline ratios, the latest measurement of each per
+  device; the shipped drafters' τ and the paired gaps that judge them (the bugs at the users' level); the stage
+  table of the newest bench at the 27B shape;
+- docs/results-full.md, the full record: each log with its date, machine and command and its key lines quoted,
+  each JSON file with its machine block, each hand-written record (`*.md`) included as it is.
+
+    .venv/bin/python scripts/results_page.py            # (re)writes both pages   (make results)
+    .venv/bin/python scripts/results_page.py --check    # exit 1 when a page is not what it would write
+
+Quoted verbatim, but for `VOCABULARY`: the few words in older logs that named how their machines were reached
+(and an old name of docs/family.md) are normalised, so that the pages speak of the software only.
 
 A new log opens with one header line, `# <command> | <machine> | <date>` (e.g.
-`# python -m dflash.bench --online 4 | 2 CPU cores, torch 2.13 CPU | 2026-12-05`); more `#` lines below it
+`# dflash-bench --online 4 | 2 CPU cores, torch 2.13 CPU | 2026-12-05`); more `#` lines below it
 are notes. Its key lines are a `== summary` section (up to the next `== ` line) or, in a log without one,
 each result line followed by lines indented by two spaces (progress lines, warnings and tracebacks are
 left out). Older logs without that header are taken as they are: date and machine from the file name
 (`<what>_<machine>_<YYYY-MM-DD>[_more].log`), their free-text `#` lines shown as notes. A log with no
 such lines is quoted by its last lines. A table or prose that exists only by hand goes in a dated
 `<topic>_<YYYY-MM-DD>.md` beside the logs, included verbatim under "Hand-written records"; any other file
-is listed, not quoted. tests/unit/test_results_page.py fails while docs/results.md lags behind scripts/results/.
+is listed, not quoted. A bench log's summary lines that match `HEADLINES` feed the headline table; the shipped
+drafters are scripts/training_results.py's `SHIPPED`. tests/unit/test_results_page.py fails while a page lags
+behind scripts/results/.
 """
 
 from __future__ import annotations
@@ -26,15 +35,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo's dflash
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # and training_results beside it
+import training_results  # noqa: E402
+
 from dflash.util.files import atomic_write_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "scripts" / "results"
 PAGE = ROOT / "docs" / "results.md"
+FULL = ROOT / "docs" / "results-full.md"
 MAX_QUOTED = 80  # lines quoted per log; the rest is in the log
 _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 _NOISE = re.compile(r"^(\[|/|Traceback|raw:|Writing |rc=)")
 _HEADING = ("== ", "## ", "# ")
+VOCABULARY = (  # (pattern, replacement) applied to every file's text before it is read
+    (re.compile(r"DFLASH\.md §"), "docs/family.md §"),
+    (re.compile(r" \(device\s+tool\)"), ""),
+    (re.compile(r"\bthe device\s+tool\b"), "the transfer"),
+    (re.compile(r"\blent\s+(GPU|H100|H200)\b"), r"\1"),
+    (re.compile(r"\bthis\s+session's\b"), "a"),
+)
+# the headline ratios: (what, a regex over a bench log's summary lines); the newest log per device quotes its line
+HEADLINES = (
+    ("a sweep of 2 checkpoints in one process, over one run", re.compile(r"^  single run .*x one run")),
+    ("the same as processes (`-m` sweep over one run)", re.compile(r"^  as processes .*x one run")),
+    ("a new process with features on disk", re.compile(r"^  a new process with features on disk")),
+    ("offline evaluation per checkpoint vs the online loop", re.compile(r"^  offline evaluation per checkpoint")),
+    ("online DFlash over target-only decoding (batch 1)", re.compile(r"^  target-only .*x target-only")),
+)
+_DEVICE = re.compile(r"^dflash\.bench on .*device (\w+)")
+PAGE_LINES = 200
 
 
 @dataclass(frozen=True)
@@ -140,8 +170,14 @@ def _cap(blocks: list[list[str]]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def normalise(text: str) -> str:
+    for pattern, repl in VOCABULARY:
+        text = pattern.sub(repl, text)
+    return text
+
+
 def read_entry(path: Path) -> Entry:
-    name, text = path.name, path.read_text(encoding="utf-8", errors="replace")
+    name, text = path.name, normalise(path.read_text(encoding="utf-8", errors="replace"))
     if path.suffix == ".md":
         return Entry(name, "record", name_date(name), "", "", (), tuple(text.rstrip("\n").splitlines()))
     if path.suffix == ".json":
@@ -201,17 +237,19 @@ def render_entry(e: Entry) -> list[str]:
     return out + ["", "Key lines, verbatim:", "", *_fence(e.quoted), ""]
 
 
-def render(entries: list[Entry]) -> str:
+def render_full(entries: list[Entry]) -> str:
+    """docs/results-full.md: every file, newest first."""
     measured = sorted((e for e in entries if e.kind != "record"), key=lambda e: (e.date, e.name), reverse=True)
     records = sorted((e for e in entries if e.kind == "record"), key=lambda e: (e.date, e.name), reverse=True)
     out = [
-        "# Results",
+        "# Results: the full record",
         "",
         "<!-- generated by scripts/results_page.py from scripts/results/: do not edit; run `make results` -->",
         "",
         "Every measured figure of this project, quoted from the raw file that holds it, newest first, with",
         "its date, machine and command. A figure holds for the code and machine of its date; re-run the",
-        "command to check it today. How to add a log: the docstring of `scripts/results_page.py`.",
+        "command to check it today. What a user needs from it: [results.md](results.md). How to add a log:",
+        "the docstring of `scripts/results_page.py`.",
         "",
         "## Logs",
         "",
@@ -230,15 +268,130 @@ def render(entries: list[Entry]) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _link(name: str) -> str:
+    return f"[`{name}`](../scripts/results/{name})"
+
+
+def headlines(entries: list[Entry]) -> list[tuple[str, str, str, Entry]]:
+    """(what, device, the quoted line, its log) for each headline and device, from the newest bench log that has
+    it (by date, then name)."""
+    latest: dict[tuple[str, str], tuple[str, Entry]] = {}
+    logs = sorted((e for e in entries if e.kind == "log"), key=lambda e: (e.date, e.name))
+    for e in logs:
+        device = next((m.group(1) for m in map(_DEVICE.match, e.quoted) if m), None)
+        if device is None:
+            continue
+        for what, pattern in HEADLINES:
+            line = next((ln for ln in e.quoted if pattern.match(ln)), None)
+            if line is not None:
+                latest[(what, device)] = (line.strip(), e)
+    return [
+        (what, device, *latest[(what, device)])
+        for what, _ in HEADLINES
+        for device in ("cpu", "cuda")
+        if (what, device) in latest
+    ]
+
+
+def shipped_evals() -> dict[str, tuple[str, training_results.Eval]]:
+    """run name -> (round, its newest builtin evaluation) for each shipped drafter; the HumanEval-164 τ ± SE under
+    `name + " humaneval"`."""
+    found: dict[str, tuple[str, training_results.Eval]] = {}
+    for date in sorted(training_results.rounds()):
+        for folder, suffix in ((f"eval_cpu_{date}", ""), (f"humaneval_cpu_{date}", " humaneval")):
+            for p in sorted((RESULTS / folder).glob("*.log")):
+                e = training_results.parse_eval(p.read_text(encoding="utf-8"))
+                if e is not None:
+                    run = f"{e.name.split(' ')[0]}@step_{e.step}"
+                    if run in training_results.SHIPPED:
+                        found[run + suffix] = (date, e)
+    return found
+
+
+def render(entries: list[Entry]) -> str:
+    """docs/results.md: what a user reads."""
+    out = [
+        "# Results",
+        "",
+        "<!-- generated by scripts/results_page.py from scripts/results/: do not edit; run `make results` -->",
+        "",
+        "What a user needs to judge the evaluator's cost and the shipped drafters, each figure quoted from the raw log",
+        "that holds it, with its date and machine. A figure holds for the code and machine of its date; the log's",
+        "command reruns it. Every log, newest first: [the full record](results-full.md); each training round:",
+        "[training results](training_results.md).",
+        "",
+        "## Headline ratios",
+        "",
+        "The newest measurement of each, per device (`dflash-bench`, SmolLM2-135M target, 12 builtin prompts, 256 new",
+        "tokens; the line as the bench prints it).",
+        "",
+        "| what | device | measured | log |",
+        "|---|---|---|---|",
+    ]
+    machines: dict[str, Entry] = {}
+    for what, device, line, e in headlines(entries):
+        out.append(f"| {what} | {device} | {line.replace('|', '/')} | {_link(e.name)} ({e.date}) |")
+        machines[e.name] = e
+    out += ["", "Machines:", ""]
+    out += [f"- {_link(n)}: {e.machine or 'not recorded'}" for n, e in sorted(machines.items())]
+    evals = shipped_evals()
+    out += [
+        "",
+        "## The shipped drafters",
+        "",
+        "τ (bonus included) on CPU, greedy, 256 new tokens, fp32 SmolLM2 target: on the 12 builtin prompts (their",
+        "`fresh` subset beside) and on HumanEval-164; the leak probe's Δτ (a large one flags bug 2). docs/training.md",
+        "says how each was trained; `make drafters` restores those outside the tree's budget.",
+        "",
+        "| drafter @ step | what | τ builtin ± SE | τ fresh | τ HumanEval-164 ± SE | leak probe Δτ | round |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run, what in training_results.SHIPPED.items():
+        if run not in evals:
+            continue
+        date, e = evals[run]
+        he = evals.get(run + " humaneval")
+        he_tau = f"{he[1].tau} ± {he[1].tau_se}" if he else "-"
+        out.append(f"| {run} | {what} | {e.tau} ± {e.tau_se} | {e.fresh} | {he_tau} | {e.leak_gain} | {date} |")
+    out += [
+        "",
+        "## What separates them",
+        "",
+        "Paired by prompt (`dflash-compare A B`): B - A with its paired SE; |z| >= 2 is a measurable gap. A bug's cost",
+        "is its row against the bug-free twin trained in lockstep with it; the selector's gain, the default against",
+        "its DFlash twin.",
+        "",
+        "| round | prompts | A | B | τ A | τ B | B - A ± SE | z |",
+        "|---|---|---|---|---|---|---|---|",
+        *training_results.shipped_rows(),
+    ]
+    scale = [e for e in entries if e.kind == "log" and e.name.startswith("bench_scale_") and e.quoted]
+    if scale:
+        e = max(scale, key=lambda e: (e.date, e.name))
+        out += [
+            "",
+            "## The stages at the 27B shape",
+            "",
+            "`dflash-bench --scale qwen3_6_27b`: every stage of one evaluation of a random target of Qwen3.6-27B's",
+            "shape, timed, each steady stage over its floor on the same device (docs/how-it-works.md). Newest run:",
+            f"{_link(e.name)} ({e.date}; {e.machine or 'machine not recorded'}).",
+            "",
+            *_fence(e.quoted),
+        ]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 def main(argv: list[str]) -> int:
-    page = render(read_entries())
+    entries = read_entries()
+    pages = {PAGE: render(entries), FULL: render_full(entries)}
     if "--check" in argv:
-        if not PAGE.exists() or PAGE.read_text(encoding="utf-8") != page:
-            print(f"{PAGE.relative_to(ROOT)} is stale: run `make results`", file=sys.stderr)
-            return 1
-        return 0
-    atomic_write_text(PAGE, page)
-    print(f"wrote {PAGE.relative_to(ROOT)} from {len(list(RESULTS.iterdir()))} files in scripts/results/")
+        stale = [p for p, text in pages.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+        for p in stale:
+            print(f"{p.relative_to(ROOT)} is stale: run `make results`", file=sys.stderr)
+        return 1 if stale else 0
+    for p, text in pages.items():
+        atomic_write_text(p, text)
+    print(f"wrote {PAGE.relative_to(ROOT)} and {FULL.relative_to(ROOT)} from {len(list(RESULTS.iterdir()))} files")
     return 0
 
 

@@ -10,7 +10,9 @@ scripts/results/, per round:
 - `humaneval_cpu_<ROUND>/*.log` and `compare_humaneval_cpu_<ROUND>.log`: the same on HumanEval-164;
 - `bench_*_<ROUND>.log`: the benches, named with their headers.
 Every figure on the page comes from those files; nothing is typed in by hand. The same run also rewrites the
-README's summary (between its two `training results` markers): every round's paired gaps, newest first.
+README's summary (between its two `training results` markers): the paired gaps a user needs to judge the shipped
+drafters (both sides in `SHIPPED`: the default, its twins, the bugs at the users' level, the one-layer `fixed`),
+newest first; every other pair stays on the page.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ BEGIN = (
     "edit -->"
 )
 END = "<!-- end of training results -->"
+# The drafters a user judges (README, docs/results.md): run name -> what it is. Names, not figures: every figure of
+# theirs is read from the logs. The default is dflash/conf/config.yaml's drafter; the rest are docs/training.md's set.
+SHIPPED = {
+    "fixed-l4-dflash2-warm@step_5000": "the default: four layers, DFlash2",
+    "fixed-l4-warm@step_5000": "its DFlash twin (same data, seed, batches)",
+    "fixed-l4-dflash2-twin@step_900": "the bugs' twin: the default trained on 900 steps, no bug",
+    "noisy_labels-l4-dflash2@step_900": "bug 1 (noisy labels), in lockstep with the twin",
+    "final_layer-l4-dflash2@step_900": "bug 2 (the final layer in fc), in lockstep with the twin",
+    "loss_dilution-l4-dflash2@step_900": "bug 3 (loss dilution), in lockstep with the twin",
+    "fixed@step_5037": "one layer, the earlier default",
+}
 
 
 @dataclass(frozen=True)
@@ -243,9 +256,9 @@ def train_at(rows: dict[tuple[str, int], tuple[str, str, str]], variant: str, st
     return " / ".join(rows[(variant, at)]) + ("" if at == step else f" (step {at})")
 
 
-def readme_block() -> list[str]:
-    """The README's summary: each round's paired gaps (B - A ± SE, z) on the builtin fresh subset and on
-    HumanEval-164."""
+def shipped_rows() -> list[str]:
+    """Each round's paired gaps (B - A ± SE, z) between two shipped drafters, on the builtin fresh subset and on
+    HumanEval-164, newest round first: `| round | prompts | A | B | τ A | τ B | B - A ± SE | z |`."""
     rows = []
     for date in rounds():
         for log, prompts, metric in (
@@ -253,7 +266,16 @@ def readme_block() -> list[str]:
             (f"compare_humaneval_cpu_{date}.log", "HumanEval-164", "acceptance_length"),
         ):
             if (RESULTS / log).is_file():
-                rows += [f"| {date} | {prompts} {r}" for r in paired_fresh((RESULTS / log).read_text(), metric)]
+                for r in paired_fresh((RESULTS / log).read_text(), metric):
+                    a, b = (c.strip() for c in r.split("|")[1:3])
+                    if a in SHIPPED and b in SHIPPED:
+                        rows.append(f"| {date} | {prompts} {r}")
+    return rows
+
+
+def readme_block() -> list[str]:
+    """The README's summary: the shipped drafters' paired gaps (`shipped_rows`)."""
+    rows = shipped_rows()
     return [
         BEGIN,
         "",

@@ -1,6 +1,6 @@
 """The bench at the users' shape: a random Qwen3.6-27B-shaped VL checkpoint, evaluated stage by stage.
 
-    python -m dflash.bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu
+    dflash-bench --skip sweep,online,generation --scale qwen3_6_27b [--scale-devices cuda,cpu] [--scale-gpu
     12x256]
         [--scale-cpu 4x64] [--scale-engine] [--scale-tokenizer DIR] [--scale-drafter dflash2] [--scale-profile]
 

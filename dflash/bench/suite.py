@@ -1,6 +1,6 @@
 """Benchmark: every cost ratio of the evaluator, measured in one run. Prints figures only.
 
-    python -m dflash.bench [--sweep 2] [--sweep-profile] [--online 12] [--online-eager] [--skip generation,scale]
+    dflash-bench [--sweep 2] [--sweep-profile] [--online 12] [--online-eager] [--skip generation,scale]
                            [--scale qwen3_8b] [--scale-prompts N] [overrides...]
 
 Sections (each a ratio of two times or sizes measured here, in this run):
@@ -92,8 +92,8 @@ def timed_run(cfg: config_mod.EvalConfig) -> tuple[float, EvalResult]:
 def evaluate_processes(
     cfg: config_mod.EvalConfig, overrides: list[str], jobs: list[config_mod.EvalConfig]
 ) -> tuple[float, float]:
-    """Wall seconds of `python evaluate.py` on the first checkpoint and of `-m` over all of them, as a
-    user runs them (imports, MLflow logging to a temporary store included), each with no features cached."""
+    """Wall seconds of `dflash-eval` (run as `python -m dflash`) on the first checkpoint and of `-m` over all of them,
+    as a user runs them (imports, MLflow logging to a temporary store included), each with no features cached."""
     steps = ",".join(str(j.drafter.step) for j in jobs)
     times = []
     with tempfile.TemporaryDirectory(prefix="dflash-bench-store-") as store:
@@ -169,7 +169,7 @@ def sweep(
         p1, pn = evaluate_processes(cfg, overrides, jobs)
         tracked = "MLflow included" if cfg.tracking.enabled else "tracking disabled"
         procs = (
-            f"\n  as processes (python evaluate.py, {tracked}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: "
+            f"\n  as processes (dflash-eval, {tracked}): one run {p1:.1f} s, the -m sweep {pn:.1f} s: "
             f"{pn / p1:.2f}x one run"
         )
     lines = [
@@ -494,7 +494,7 @@ def main() -> None:
 
 
 def cli() -> None:
-    """`dflash-bench` / `python -m dflash.bench`: bad input prints its message and exits 2, no traceback."""
+    """`dflash-bench` / `dflash-bench`: bad input prints its message and exits 2, no traceback."""
     try:
         main()
     except UserError as e:

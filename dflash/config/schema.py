@@ -48,10 +48,13 @@ INIT_ARCHS = ("dflash", "dflash2")  # drafter=init's architectures (docs/family.
 class DrafterSchema:
     kind: str = MISSING  # training | hf | init
     name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
-    run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
-    # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th):
-    # StepSelection
+    # kind=training: the run folder (step_<N>/, SpecForge's epoch_<e>_step_<s>/ or <run_id>-step<N>/: layouts.py)
+    run_dir: Optional[str] = None
+    # kind=training: null | latest | best | N | all | [N, M, ...] | A..B (either end open) | all or A..B /k (every
+    # k-th): StepSelection
     step: Any = None
+    # kind=training, SpecForge's unified layout (no config.json in a step): the drafter JSON the run was launched with
+    config: Optional[str] = None
     path: Optional[str] = None  # kind=hf
     # only where a checkpoint lacks them:
     block_size: Optional[int] = None
@@ -96,6 +99,15 @@ class DrafterSchema:
         if self.window is not None and self.window < 1:
             raise ConfigError(
                 f"drafter.window={self.window}: use a positive number of positions (or null: full-attention layers)"
+            )
+        if self.config is not None and (not isinstance(self.config, str) or not self.config.strip()):
+            raise ConfigError(
+                f"drafter.config={self.config!r}: use the path of the drafter JSON a SpecForge run was launched with"
+            )
+        if self.config is not None and self.kind not in ("training", "???"):
+            raise ConfigError(
+                f"drafter.config is the launch JSON of a SpecForge training run (drafter=training, drafter.run_dir); "
+                f"drafter={self.kind} reads its config from its own folder"
             )
         if self.step != "???":
             sel = StepSelection.parse(self.step)
@@ -223,7 +235,7 @@ class FeaturesConfig:
                 raise ConfigError(f"features.{name}={v!r}: use a size in GB >= 0")
 
     def batch(self, cuda: bool) -> int | None:
-        """`batch_tokens` resolved, as measured (`python -m dflash.bench --scale`: the steady feature pass both ways):
+        """`batch_tokens` resolved, as measured (`dflash-bench --scale`: the steady feature pass both ways):
         auto
         batches on CUDA (one sequence per pass is bound by the host launching kernels, which batching divides by the
         batch)
@@ -275,7 +287,7 @@ class ReplayConfig:
             raise ConfigError(f"replay.context_gb={self.context_gb}: use a positive size in GB (e.g. 1)")
 
     def mode(self, cuda: bool) -> str:
-        """`anchors` resolved, as measured (python -m dflash.bench: `replay` section; `--scale qwen3_6_27b`): auto
+        """`anchors` resolved, as measured (dflash-bench: `replay` section; `--scale qwen3_6_27b`): auto
         drafts
         every anchor at tf_stride 1 (each is a teacher-forced anchor anyway: the walk's lockstep would only add its
         cost),
@@ -331,12 +343,14 @@ class WatchConfig:  # follow=true: how the run folder is watched (dflash/evaluat
 
 @dataclass
 class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/runs/trainlog.py)
-    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard |
-    # mlflow | none
+    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir (SpecForge: <run_dir>/runs), else none
+    # | jsonl | tensorboard | mlflow | none
     source: str = "auto"
     path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
     uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
-    run: Optional[str] = None  # mlflow: the trainer's run id or name
+    # mlflow: the trainer's run ids or names, comma-separated (a name: every run of it alive while the run folder's
+    # steps were saved); null: SpecForge's runs of the folder (unified: named after its run_id; legacy: its output_dir)
+    run: Optional[str] = None
     keys: Optional[list[str]] = (
         None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
     )
@@ -350,12 +364,6 @@ class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under t
     def __post_init__(self) -> None:
         if self.source not in ("auto", "jsonl", "tensorboard", "mlflow", "none", "???"):
             raise ConfigError(f"train_metrics.source={self.source!r}: use auto, jsonl, tensorboard, mlflow or none")
-        if self.source == "mlflow" and not self.run:
-            raise ConfigError(
-                "train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and "
-                "train_metrics.uri "
-                "when it logs to another store)"
-            )
         for k in self.keys or []:
             try:
                 re.compile(k)

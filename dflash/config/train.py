@@ -48,7 +48,7 @@ class DrafterArch:
 class DataConfig:
     num_prompts: int = 8192
     prompts_path: Optional[str] = (
-        None  # a JSONL of prompts (python -m dflash.train.train_prompts writes one); else built here
+        None  # a JSONL of prompts (python -m dflash.train.prompts writes one); else built here
     )
     prompt_offset: int = (
         0  # prompts_path: skip this many of its prompts (a continued run on prompts an earlier one did not see)

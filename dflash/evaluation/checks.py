@@ -57,8 +57,7 @@ def prompt_format(t: TemplateConfig) -> str:
 def window_warning(dc: DrafterConfig, mode: str, longest: int) -> list[str]:
     """A warning when sequences outgrow the drafter's sliding window: there SGLang (window applied) and z-lab's
     sdpa / eager loop (window ignored) draft differently, and the τ measured follows drafter.sliding_window
-    (docs/family.md
-    §6)."""
+    (docs/family.md §6)."""
     w = dc.sliding_window
     if w is None or "sliding_attention" not in dc.layer_types or longest <= w:
         return []

@@ -18,7 +18,14 @@ from typing import Any, Iterator
 
 import torch
 
-from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig
+from dflash.config.schema import (
+    AttentionConfig,
+    DeviceConfig,
+    DrafterSchema,
+    EvalConfig,
+    PromptLookupConfig,
+    StepSelection,
+)
 from dflash.evaluation.checks import (
     check_measured,
     convention_warning,
@@ -114,9 +121,10 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
 
 def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource:
     """The drafter read and checked without the target (dflash.models.drafter.checkpoint's phase 1); `step`: that
-    step of a training run (else drafter.step, a single step or null for the latest)."""
+    step of a training run (else drafter.step, a single step, null / latest for the latest, best)."""
     d, t = cfg.drafter, cfg.target
-    step = step if step is not None else (d.step if isinstance(d.step, int) else None)
+    sel = StepSelection.parse(d.step)
+    one = step if step is not None else (sel.value if sel.single else None)
     if d.sliding_window not in SLIDING_WINDOW:
         raise ConfigError(f"drafter.sliding_window={d.sliding_window!r}: use one of {SLIDING_WINDOW}")
     overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
@@ -127,9 +135,10 @@ def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource
         d.kind,
         d.name or _default_name(d),
         run_dir=d.run_dir,
-        step=step,
+        step=one,
         path=d.path,
         overrides=overrides,
+        config=d.config,
         init={
             "num_layers": d.num_layers,
             "num_taps": d.num_taps,
@@ -459,6 +468,7 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
         replay_anchors=cfg.replay.mode(target.device.type == "cuda"),
         tf_stride=cfg.replay.tf_stride,
         prompt_format=prompt_format(cfg.target.template),
+        checkpoint_origin=drafter.origin,
     )
     window = window_warning(
         dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results)

@@ -20,6 +20,7 @@ from dflash.result import EvalResult, PromptLookup, per_prompt_row
 CHECKPOINT_PATH_TAG = "checkpoint_path"
 CHECKPOINT_SHA_TAG = "checkpoint_sha256"  # a training run's parent matches steps already evaluated by it
 DRAFTER_STEP_TAG = "drafter_step"
+ORIGIN_TAG = "checkpoint."  # + layout | step_unit (micro_batch: SpecForge's legacy steps) | epoch | run_id | folders
 DEVICE_TAG, DTYPE_TAG = "device", "dtype"
 TARGET_TAG = "target_identity"
 WARNINGS_TAG = "warnings"
@@ -246,6 +247,7 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
             WARNINGS_TAG: " | ".join(res.warnings) or None,
             LINEAR_KERNEL_TAG: info.linear_attention_kernel,
             REFERENCE_ENGINE_TAG: info.references.engine,
+            **{f"{ORIGIN_TAG}{k}": v for k, v in info.checkpoint_origin.items()},
         }
     )
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
@@ -275,7 +277,17 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
 
 # --- a training run's parent: one point per evaluated step ---------------------------------------
 
-TRAIN = "train/"  # + the trainer's own metric name: logged on the parent at the trainer's steps
+TRAIN = "train/"  # + the trainer's own metric name: logged on the parent at the trainer's steps (train_name)
+TRAINING_CHART = "training_run/tau_by_step.png"  # a training run's parent: τ and the trainer's metrics by step
+TRAINER_BEST_TAG = "dflash.trainer_best_step"  # a training run's parent: the step the trainer recorded as its best
+
+
+def train_name(name: str) -> str:
+    """The parent's name of a trainer's metric: under TRAIN, a name already under it kept as it is (SpecForge's
+    `train/acc` stays `train/acc`, its `eval/avg_acc` becomes `train/eval/avg_acc`)."""
+    return name if name.startswith(TRAIN) else f"{TRAIN}{name}"
+
+
 ACCURACY_SLOT = "accuracy/slot_"  # + k: teacher-forced accuracy at draft slot k (k = 1..SLOTS)
 SLOT_CURVES = {
     "accuracy": ACCURACY_SLOT,

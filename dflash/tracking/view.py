@@ -9,7 +9,16 @@ import json
 import time
 from typing import Any, Sequence
 
-from dflash.tracking.record import BRIER, BY_POSITION, CONVENTION, MARKOV_GAIN, SELECTOR_GAIN, TAU, TAU_UNARY
+from dflash.tracking.record import (
+    BRIER,
+    BY_POSITION,
+    CONVENTION,
+    MARKOV_GAIN,
+    SELECTOR_GAIN,
+    TAU,
+    TAU_UNARY,
+    train_name,
+)
 from dflash.tracking.store import NOTE_TAG, VIEW_KEY, mlflow_client, store_lock
 
 
@@ -18,7 +27,7 @@ def view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
-EXPERIMENT_NOTE = """Evaluations of DFlash drafters on this target (dflash-eval, `python evaluate.py`).
+EXPERIMENT_NOTE = """Evaluations of DFlash drafters on this target (`dflash-eval`).
 
 - **τ** = `acceptance_length`: committed tokens per verify step, bonus included (plain decoding = 1), \
 with `acceptance_length_se` (SE over prompts) and `acceptance_length/<subset>`.
@@ -153,7 +162,7 @@ TRAINING_VIEW_KEY = "dflash-training"  # a training run's parent: mlflow.sharedV
 
 
 def training_view(train_accuracy: str | None) -> dict[str, Any]:
-    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train/<name>`) against the
+    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train_name`) against the
     training step, on one chart; then expected τ with the teacher-forced accuracy at slots 1-3; the rest collapsed."""
 
     def line(i: int, keys: list[str]) -> dict[str, Any]:
@@ -177,7 +186,7 @@ def training_view(train_accuracy: str | None) -> dict[str, Any]:
             "range": {},
         }
 
-    first = ["acceptance_length", *([f"train/{train_accuracy}"] if train_accuracy else [])]
+    first = ["acceptance_length", *([train_name(train_accuracy)] if train_accuracy else [])]
     charts = [
         line(0, first),
         line(1, ["expected_acceptance_length", "accuracy/slot_1", "accuracy/slot_2", "accuracy/slot_3"]),

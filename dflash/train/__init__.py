@@ -1,6 +1,6 @@
 """Reference DFlash trainer, with the three training bugs of docs/family.md §4 as switches (off by default).
 
-    python -m dflash.train [target=...] [device=...] [key=value ...]      (dflash/conf/train.yaml)
+    dflash-train [target=...] [device=...] [key=value ...]      (or python -m dflash.train; dflash/conf/train.yaml)
 
 Per step, for S sequences (prompt + the target's greedy response):
 - one target pass taps every layer the variants need (`hidden_states[L + 1]` for tap L);
@@ -14,7 +14,7 @@ Per step, for S sequences (prompt + the target's greedy response):
 
 The config's schema (dflash/conf/train.yaml), registered with Hydra, and its field checks live in
 dflash/config/train.py. Files here, in the order data flows:
-    train_prompts.py training prompts (corpus.py's word lists), none overlapping an evaluation prompt
+    prompts.py      training prompts (corpus.py's word lists), none overlapping an evaluation prompt
     data.py         the target regenerates every response; token cache
     variants.py     the bug switches: which variant has which bug, bug 2's taps
     arch.py         the drafter built: taps, DrafterConfig, initial weights
@@ -23,7 +23,7 @@ dflash/config/train.py. Files here, in the order data flows:
     labels.py       greedy labels, augmentation noise, bug 1's labels
     loss.py         the weighted loss and bug 3's diluted one
     step.py         one optimizer step of one variant, its counters
-    train_metrics.py ratios of summed counters; metrics.jsonl and MLflow (through dflash.tracking)
+    metrics.py      ratios of summed counters; metrics.jsonl and MLflow (through dflash.tracking)
     checkpoints.py  resumable checkpoints, weights-only exports
     loop.py         the loop: variants in lockstep, one target pass per step
     __main__.py     the Hydra entry point
@@ -31,6 +31,6 @@ dflash/config/train.py. Files here, in the order data flows:
 
 from dflash.config.train import TrainConfig, register
 from dflash.train.loop import train
-from dflash.train.train_metrics import import_metrics
+from dflash.train.metrics import import_metrics
 
 __all__ = ["TrainConfig", "import_metrics", "register", "train"]

@@ -1,4 +1,4 @@
-"""What the training prompts are built from: word lists and templates (train_prompts.py fills them).
+"""What the training prompts are built from: word lists and templates (prompts.py fills them).
 
 - `STDLIB_MODULES`: the standard-library modules whose public functions and classes become coding
   tasks (signatures, first docstring sentences, short sources, read with `inspect`);

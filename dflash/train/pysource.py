@@ -6,7 +6,7 @@ methods and classes as `SourceItem`s: qualified name, signature, first docstring
 docstring's longer paragraphs (documentation text) and the source when short. Test folders and
 private names are skipped; each file and each package is capped so that no single package dominates.
 What a machine has installed decides what comes out, so the training prompts are built once and
-written to a JSONL (`python -m dflash.train.train_prompts`), which training then reads.
+written to a JSONL (`python -m dflash.train.prompts`), which training then reads.
 """
 
 from __future__ import annotations

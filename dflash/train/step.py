@@ -4,7 +4,7 @@
 (noised: augmentation touches the fc inputs only), the block `[anchor, mask, ...]` embedded by the
 target, and its labels (the greedy tokens; bug 1's from noised logits). `train_step` runs the
 drafter (block n sees taps at t < p_n, t <= p_n under bug 2, and its own block), the target's LM
-head, the loss, clipping and AdamW. `StepStats` holds raw counters per slot; train_metrics.py turns sums
+head, the loss, clipping and AdamW. `StepStats` holds raw counters per slot; metrics.py turns sums
 of them into ratios. The learning rate: linear warm-up, then cosine decay to lr * min_lr_ratio.
 DSpark (`model.cfg.dspark`): its rows, labels and teacher-forced prev (labels.dspark_labels), the target's
 logits at each row's label position (from the final layer's states, which the step's target pass then

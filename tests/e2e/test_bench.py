@@ -1,4 +1,4 @@
-"""`python -m dflash.bench` end to end on the tiny Qwen3 target: every section prints its ratios.
+"""`dflash-bench` end to end on the tiny Qwen3 target: every section prints its ratios.
 No timing is asserted (the figures are the benchmark's output, not a test's)."""
 
 import os

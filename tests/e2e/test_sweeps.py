@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from dflash.config import compose
+from dflash.config.compose import CONF_DIR, register
 from dflash.evaluation.pipeline import job_device
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +69,8 @@ def test_parallel_sweep_keeps_one_parent(tmp_path, qwen3_dir, launcher):
 
 
 def test_slurm_launcher_config_composes():
-    compose.register()
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+    register()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["hydra/launcher=slurm", "device=gpu_per_job"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.device.gpu_per_job

@@ -16,7 +16,8 @@ not repeated here: these tests are about the device giving the CPU's numbers.
 
 Everything is float32 with IEEE matmuls (TF32 off, restored after each test: the trainer turns it on for
 the process), so the devices agree to rounding and every argmax (greedy token, walk) is the same; a flip
-would need two logits within ~1e-6 of each other. On the lent GPU: `bash scripts/gpu_tests.sh` (docs/tests.md).
+would need two logits within ~1e-6 of each other. On a GPU machine: `pytest tests/unit/test_cuda.py`, or without
+internet access `bash run.sh tests` from an offline bundle (docs/offline-gpu.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dflash.train.labels import final_tap_is_normed, label_flip_stats, response_
 
 
 def test_no_training_prompt_overlaps_an_evaluation_prompt():
-    from dflash.train.train_prompts import OverlapFilter, build_prompts, evaluation_prompts, overlaps, prompt_text
+    from dflash.train.prompts import OverlapFilter, build_prompts, evaluation_prompts, overlaps, prompt_text
 
     evals = evaluation_prompts()
     assert {"builtin", "humaneval"} <= set(evals) and len(evals["humaneval"]) == 164
@@ -38,7 +38,7 @@ def test_new_recipe_prompts_overlap_no_benchmark_copy(tmp_path):
 
     from dflash.stages.prompts.benchmarks import BENCHMARKS
     from dflash.stages.prompts.sets import load_prompts
-    from dflash.train.train_prompts import OverlapFilter, build_prompts, evaluation_prompts, prompt_text
+    from dflash.train.prompts import OverlapFilter, build_prompts, evaluation_prompts, prompt_text
 
     hub_copies.write_all(tmp_path, 12)
     copies = [p for name in BENCHMARKS for p in load_prompts(name, data_dir=str(tmp_path), num_prompts=None)]
@@ -87,7 +87,7 @@ def test_chat_sequences_answer_each_turn_after_the_targets_own(target, tmp_path)
 
 
 def test_training_prompts_deterministic_and_mixed():
-    from dflash.train.train_prompts import build_prompts, prompt_text
+    from dflash.train.prompts import build_prompts, prompt_text
 
     a, b = build_prompts(500, 3), build_prompts(500, 3)
     assert [prompt_text(p) for p in a] == [prompt_text(p) for p in b]

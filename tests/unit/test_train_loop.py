@@ -226,7 +226,7 @@ def test_training_ratios_over_nothing_stay_undefined():
     """A window whose slot k has no labelled position: acc_k and what depends on it are None, not 0 or a clamp."""
     import torch
 
-    from dflash.train.train_metrics import Window, summarise
+    from dflash.train.metrics import Window, summarise
 
     w = Window(
         hit_own=torch.tensor([3, 0, 0]),
@@ -251,8 +251,8 @@ def test_training_ratios_over_nothing_stay_undefined():
 def test_a_step_logs_no_grad_norm_without_clipping_and_no_flip_rate_over_no_label(target, seqs, tmp_path):
     """optim.grad_clip=0 computes no gradient norm: none is logged (not 0.0). Bug 1's label flip rate over no valid
     label is None, and a window of such steps has none either (not 0)."""
+    from dflash.train.metrics import Window
     from dflash.train.step import VariantInputs, step_stats
-    from dflash.train.train_metrics import Window
 
     T.train(tiny_cfg(tmp_path, optim={"grad_clip": 0.0, "steps": 2}), target=target, seqs=seqs)
     rows = [json.loads(x) for x in (tmp_path / "runs" / "fixed" / "metrics.jsonl").read_text().splitlines()]

@@ -24,17 +24,20 @@ from the config as SGLang ignores them).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from dflash.models.drafter import layouts, specforge
 from dflash.models.drafter.config import DrafterConfig, build_target_layer_ids, parse_config
 from dflash.models.drafter.dflash2_config import check_dflash2_vocab, parse_dflash2
 from dflash.models.drafter.dspark_config import check_dspark_vocab
-from dflash.models.drafter.files import checkpoint_files, read_hf_folder, read_training_pickle, resolve_step
+from dflash.models.drafter.files import checkpoint_files, native_step, read_hf_folder, read_training_pickle
 from dflash.models.drafter.formats import own_tensors, translate
 from dflash.models.drafter.model import DFlashDrafter
 from dflash.models.drafter.rope import rotary_parameters
@@ -70,6 +73,7 @@ class DrafterSource:
     state_dict: dict[str, torch.Tensor] | None  # kind=init: None
     warnings: list[str] = field(default_factory=list)
     init: dict[str, Any] = field(default_factory=dict)  # kind=init: num_layers, num_taps, seed, overrides
+    origin: dict[str, Any] = field(default_factory=dict)  # kind=training: layout, step unit, epoch (layouts.origin)
 
 
 @dataclass
@@ -80,6 +84,7 @@ class LoadedDrafter:
     path: str | None
     digest: Future[str] | None
     warnings: list[str] = field(default_factory=list)
+    origin: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sha256(self) -> str | None:
@@ -174,34 +179,72 @@ def codebook_vocab(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> DrafterCo
     return dataclasses.replace(cfg, dflash2=dataclasses.replace(d2, vocab_size=int(book.shape[0])))
 
 
+def read_training_step(
+    run_dir: str, step: int | str | None, config: str | None = None
+) -> tuple[Path, int, dict[str, torch.Tensor], dict[str, Any], list[str], list[Path], dict[str, Any]]:
+    """A step of a training run, in any layout (dflash/models/drafter/layouts.py) -> (where, step, weights, raw
+    config, warnings, the files its digest covers, its origin)."""
+    run, f = layouts.find_step(run_dir, step)
+    if config and f.layout != layouts.UNIFIED:
+        raise CheckpointError(
+            f"drafter.config={config}: {run.root} is a {f.layout} run, whose steps carry their own config; "
+            "drafter.config is for SpecForge's unified layout (<run_id>-step<N>/training_state.pt). Drop it"
+        )
+    warns: list[str] = []
+    if f.layout == layouts.UNIFIED:
+        where = f.path / layouts.PAYLOAD
+        sd, meta = specforge.read_payload(where)
+        path, warns = specforge.launch_json(config, meta, where)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"drafter.config={path}: not a readable JSON file ({e})") from None
+        raw, more = specforge.apply_contract(raw, meta, path)
+        warns += more
+        log.info("drafter: %s with the config of %s (the payload's contract applied)", where, path)
+    elif f.layout == layouts.LEGACY:
+        where = f.path
+        sd, raw = read_hf_folder(where, ignore=layouts.LEGACY_EXTRAS)
+    else:
+        where = native_step(f.path)
+        sd, raw = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
+    return where, f.step, sd, raw, warns, layouts.digest_files(f), layouts.origin(run, f)
+
+
 def read_drafter(
     kind: str,
     name: str,
     run_dir: str | None = None,
-    step: int | None = None,
+    step: int | str | None = None,
     path: str | None = None,
     overrides: dict[str, Any] | None = None,
     init: dict[str, Any] | None = None,
+    config: str | None = None,
 ) -> DrafterSource:
+    """Phase 1: the files found and read, the config parsed, the tensors checked. `step`: N, null (the latest
+    complete step) or "best" (the trainer's recorded best); `config`: SpecForge's unified layout, the launch JSON."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if kind == "init":
         return DrafterSource(kind, name, None, None, None, None, None, init={**(init or {}), "overrides": overrides})
+    warns: list[str] = []
+    origin: dict[str, Any] = {}
     if kind == "training":
         if not run_dir:
-            raise CheckpointError("drafter=training needs drafter.run_dir=/path/to/run (holding step_<N>/ folders)")
-        where, step = resolve_step(run_dir, step)
+            raise CheckpointError("drafter=training needs drafter.run_dir=/path/to/run (holding its step folders)")
+        where, step, sd, raw, warns, digest_src, origin = read_training_step(run_dir, step, config)
     elif kind == "hf":
         if not path:
             raise CheckpointError("drafter=hf needs drafter.path=/path/to/folder (config.json + model.safetensors)")
         where = find_path(path)
         if not where.is_dir():
             raise CheckpointError(f"drafter.path={where} is not a folder")
+        sd, raw = read_hf_folder(where)
+        digest_src = checkpoint_files(where)  # a sharded folder: every shard
     else:
         raise CheckpointError(f"unknown drafter kind {kind!r}; use training, hf or init")
-    sd, raw = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
     try:
         fmt = translate(raw, sd, None if where.is_file() else where)  # other formats -> the HF format (formats.py)
-        cfg, warns = parse_config(fmt.config, overrides)
+        cfg, parsed = parse_config(fmt.config, overrides)
         cfg, sd = own_tensors(cfg, fmt.state_dict)
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
@@ -213,12 +256,22 @@ def read_drafter(
             cfg = dataclasses.replace(cfg, own_embed=False, own_lm_head=False)
     for n in fmt.notes:
         log.info("drafter (%s format): %s", fmt.fmt, n)
+    warns += parsed
     for w in warns:
         log.warning("drafter: %s", w)
     cfg = dspark_vocab(codebook_vocab(cfg, sd), sd)
     check_weights(cfg, sd, str(where))
-    digest_src = where if where.is_file() else checkpoint_files(where)  # a sharded folder: every shard
-    return DrafterSource(kind, name, step, str(where), sha256_later(digest_src), cfg, sd, warns)
+    return DrafterSource(
+        kind,
+        name,
+        step if isinstance(step, int) else None,
+        str(where),
+        sha256_later(digest_src),
+        cfg,
+        sd,
+        warns,
+        origin=origin,
+    )
 
 
 # --- phase 2: fit to the target (its config and tokenizer) -----------------------------------------
@@ -428,4 +481,4 @@ def build_drafter(
             for v in [src.state_dict[k]]
         }  # d2t stays integer; DSpark's confidence head float32 (SGLang's)
         model.load_state_dict(sd, strict=True, assign=True)
-    return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings)
+    return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings, src.origin)

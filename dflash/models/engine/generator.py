@@ -4,7 +4,7 @@
 (dflash/models/target/sampling.py), stopping each row at EOS. Its step is one captured function (a CUDA
 graph on CUDA). Finished rows stay in their batch, masked: they feed a pad token and record
 nothing. A step's time hardly depends on the rows (measured: the engine's batch-1 and
-batch-12 rates in docs/results.md), so dropping finished rows would save little; a batch stops once
+batch-12 rates in docs/results-full.md), so dropping finished rows would save little; a batch stops once
 every row has finished (checked every `Generator.period` steps, the only host synchronisation of
 the loop).
 
@@ -143,7 +143,7 @@ def decode_steps(prompts: int, batch: int, max_new_tokens: int) -> int:
 def choose_compile(choice: bool | str, steps: int, min_steps: int) -> tuple[bool, str]:
     """`references.compile`: true / false as given; auto compiles (inductor before the CUDA graph
     capture) only when the engine will run at least `min_steps` decode steps, where the saving per
-    step pays for the compile's set-up (break-even measured by `python -m dflash.bench`). -> (compile, why)."""
+    step pays for the compile's set-up (break-even measured by `dflash-bench`). -> (compile, why)."""
     c = str(choice).lower()
     if c not in COMPILE_CHOICES:
         raise ValueError(f"compile={choice!r}: use auto, true or false")

@@ -9,7 +9,7 @@ JSONL lines are objects with `prompt` (str) or `messages` (chat list), and optio
 in turn (`round_robin`), so a small selection still reports every subset. The field's benchmarks
 (gsm8k, math500, humaneval, mbpp, mt_bench, ...: dflash/stages/prompts/benchmarks.py) are chosen as z-lab
 chooses them (`benchmarks.select`); `humaneval_complete` is HumanEval in this project's earlier
-wording ("Complete the following Python function."), kept for the figures measured with it (docs/results.md).
+wording ("Complete the following Python function."), kept for the figures measured with it (docs/results-full.md).
 
 A message's content may be None: the target's own answer, filled in by dflash/stages/references/turns.py (a
 prompt whose user turns follow one another unanswered is multi-turn: MT-Bench, or such a JSONL line).

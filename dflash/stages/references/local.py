@@ -24,7 +24,7 @@ from dflash.util.progress import Progress, log
 
 COMPILE_MIN_STEPS = (
     ReferencesConfig.compile_min_steps
-)  # references.compile=auto's threshold (the measured break-even: docs/results.md)
+)  # references.compile=auto's threshold (the measured break-even: docs/results-full.md)
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""scripts/pack_out.py: what a GPU call brings back fits the device tool's limits, and joins back whole."""
+"""scripts/offline/pack.py: what comes back from a GPU machine fits a transfer channel's file-size limit, and joins
+back whole (docs/offline-gpu.md)."""
 
 import random
 import subprocess
@@ -18,7 +19,15 @@ def _pack(tmp_path: Path, sizes: dict[str, int], max_mb: float) -> tuple[Path, s
             random.Random(n).randbytes(n)
         )  # incompressible, as bf16 weights nearly are
     r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "pack_out.py"), str(out), str(root), *sizes, "--max-mb", str(max_mb)],
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "offline" / "pack.py"),
+            str(out),
+            str(root),
+            *sizes,
+            "--max-mb",
+            str(max_mb),
+        ],
         capture_output=True,
         text=True,
         check=True,

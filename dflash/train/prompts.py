@@ -17,7 +17,7 @@ contains the other, or that shares any run of `NGRAM` words (lower-cased, punctu
 `dflash/conf/prompts/` (builtin, humaneval and the benchmarks with a local copy here; jsonl has no fixed file), and
 tests/unit/test_train.py checks it.
 
-    python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
+    python -m dflash.train.prompts OUT.jsonl [NUM_PROMPTS [SEED]]      (data.prompts_path reads it)
 
 The package sources make the prompts depend on what is installed: the JSONL written here is what a
 training run reads (`data.prompts_path`), so one file serves every machine.
@@ -332,7 +332,7 @@ def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
 
 
 def main() -> None:
-    """python -m dflash.train.train_prompts OUT.jsonl [NUM_PROMPTS [SEED [--v1]]]: write the training prompts
+    """python -m dflash.train.prompts OUT.jsonl [NUM_PROMPTS [SEED [--v1]]]: write the training prompts
     (the installed packages' recipe with multi-turn chats; --v1: the original stdlib-only recipe)."""
     import sys
 

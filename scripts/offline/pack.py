@@ -1,11 +1,13 @@
-"""Pack folders into as few .tgz archives under $OUT as the device tool brings back (scripts/gpu_train.sh).
+"""Packs a GPU machine's results into as few .tgz archives as a transfer channel with a file-size limit allows
+(scripts/offline/run.sh pack; docs/offline-gpu.md).
 
-    python3 pack_out.py OUT ROOT PATH... [--max-mb 15] [--prefix pack]
+    python3 pack.py OUT ROOT PATH... [--max-mb 15] [--prefix pack]
 
 Each PATH (relative to ROOT) goes whole into one archive; archives are filled first-fit in the order
-given, each under --max-mb (the tool brings back files of at most 16 MiB, 8 files, 64 MiB in all).
-A path larger than the limit alone (a 4-layer drafter's export) gets an archive of its own, split in
-parts under the limit: `<prefix>N.tgz.0`, `.1`, ...; here, `cat <prefix>N.tgz.* | tar xz` joins them.
+given, each at most --max-mb MiB. A path larger than the limit alone (a 4-layer drafter's export) gets an
+archive of its own, split in parts under the limit: `<prefix>N.tgz.0`, `.1`, ...; on the other side,
+`cat <prefix>N.tgz.* | tar xz` joins them (the parts in numeric order: `ls -v`, past ten parts).
+Standard library only: it runs with the machine's own python3.
 """
 
 from __future__ import annotations
