@@ -318,3 +318,49 @@ def test_compare_pairs_a_dspark_runs_thresholds_with_the_default_s_whole_block()
         assert (t5.a, t5.b)[::sign] == pytest.approx((120 / 50, 124 / 44))
         assert out["confidence_threshold/0.9"].diff == pytest.approx(sign * (124 / 72 - 120 / 50))
         assert out["acceptance_length"].diff == pytest.approx(sign * (124 / 36 - 120 / 50))
+
+
+def test_the_training_results_page_reads_a_dspark_evaluation_and_its_pairs():
+    """scripts/training_results.py on the console's own DSpark lines and dflash-compare's own table: the Markov gain
+    and the τ at each threshold beside the evaluation, and the paired whole-block and threshold τ as table rows."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dflash.report.console import dspark_lines
+    from dflash.report.pairs import CompareRow, render
+    from dflash.stages.metrics import DSparkSummary, ThresholdRow
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("training_results", root / "scripts" / "training_results.py")
+    tr = importlib.util.module_from_spec(spec)
+    sys.modules["training_results"] = tr
+    spec.loader.exec_module(tr)
+    rows = [ThresholdRow(t, tau, 0.05, tau - 3.2, 0.02, 4.0, 0.5) for t, tau in ((0.5, 2.9), (0.9, 2.1))]
+    res = SimpleNamespace(
+        dspark=DSparkSummary(2.8, 0.1, 0.4, 0.03, 2.7, 15.0, 0.2, rows),
+        metrics={"acceptance_length": 3.2, "acceptance_length_se": 0.1},
+        info=SimpleNamespace(
+            drafter_config={"dspark_markov_head_type": "vanilla", "dspark_markov_rank": 32, "dspark_gamma": 15}
+        ),
+    )
+    assert tr.dspark_line("\n".join(dspark_lines(res))) == (
+        "Markov gain +0.400 ± 0.030; τ at confidence threshold 0.5 2.900 ± 0.050, 0.9 2.100 ± 0.050"
+    )
+    table = render(
+        "default@step_5000",
+        "fixed-l4-dspark-b15@step_3000",
+        12,
+        [
+            CompareRow("acceptance_length", 3.1, 3.2, 0.1, 0.04, 2.5),
+            CompareRow("confidence_threshold/0.5", 3.1, 2.9, -0.2, 0.05, -4.0),
+        ],
+    )
+    text = "### python -m dflash.compare default@step_5000 fixed-l4-dspark-b15@step_3000\n" + table
+    assert tr.dspark_pairs(text) == [
+        "| default@step_5000 | fixed-l4-dspark-b15@step_3000 | whole block | 3.100 | 3.200 | +0.100 ± 0.040 | +2.5 |",
+        "| default@step_5000 | fixed-l4-dspark-b15@step_3000 | confidence ≥ 0.5 | 3.100 | 2.900 | -0.200 ± 0.050 | "
+        "-4.0 |",
+    ]
+    assert tr.dspark_pairs(text.replace("confidence_threshold/0.5", "accuracy/pos_01")) == []  # no DSpark pair
