@@ -138,7 +138,9 @@ def backbone_start(model: DFlashDrafter, sd: dict[str, torch.Tensor], folder: Pa
         )
     moved = [k for k in want if k in sd]
     model.load_state_dict({**own, **{k: sd[k].to(own[k].dtype) for k in moved}})
-    fresh = sorted({k.split(".")[0] for k in own if k not in sd})
+    fresh = sorted(
+        {"block convolutions (identity)" if any(c in k for c in CONV) else k.split(".")[0] for k in own if k not in sd}
+    )
     log.info(
         "init_from %s: %d backbone tensors transferred (one slot off: DFlash slot j predicted anchor + j, a DSpark "
         "row j predicts anchor + j + 1); fresh: %s; dropped: %d tensors of DFlash2's selector",

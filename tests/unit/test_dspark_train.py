@@ -251,6 +251,26 @@ def test_a_dspark_variant_warm_starts_its_backbone_from_a_dflash2_export(target,
     backbone = [k for k in b if not k.startswith(("markov_head.", "confidence_head."))]
     assert any("attention_conv" in k for k in backbone) and all(torch.equal(a[k], b[k]) for k in backbone)
     assert not b["markov_head.markov_w2.weight"].any() and not any(k.startswith("candidate_selector") for k in b)
+    # from a DFlash export (no convolutions): the DSpark variant's convolutions start as the identity
+    T.train(tiny_cfg(tmp_path / "p", optim={"steps": 2}), target=target, seqs=seqs)
+    cfg = tiny_cfg(
+        tmp_path / "q",
+        drafter={**DSPARK, "conv_kernel_size": 2, "conv_group_size": 8},
+        optim={"steps": 2},
+        init_from=str(tmp_path / "p" / "ckpt"),
+        stop_after=0,
+    )
+    T.train(cfg, target=target, seqs=seqs)
+    q = load_file(str(tmp_path / "q" / "ckpt" / "fixed" / "step_0" / "model.safetensors"))
+    base = q["layers.0.attention_conv.base_kernel"]
+    assert (
+        base[:, 0].eq(1).all()
+        and not base[:, 1:].any()
+        and torch.equal(
+            q["fc.weight"],
+            load_file(str(tmp_path / "p" / "ckpt" / "fixed" / "step_2" / "model.safetensors"))["fc.weight"],
+        )
+    )
     with pytest.raises(ConfigError, match=r"init_from: .* missing \['layers\.1\..*drafter.num_layers"):
         T.train(
             tiny_cfg(tmp_path / "c", drafter={**DSPARK, "num_layers": 2}, init_from=str(tmp_path / "a" / "ckpt")),
