@@ -27,7 +27,12 @@ from dflash.tracking import dspark_metrics, series_point
 from dflash.tracking.record import BRIER, CONVENTION, MARKOV_GAIN, TAU, TAU_UNARY, calibration_table, threshold_name
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = {"dspark_gamma": 3, "dspark_markov_head_type": "vanilla", "dspark_markov_rank": 8, "dspark_sample_from_anchor": True}
+CONFIG = {
+    "dspark_gamma": 3,
+    "dspark_markov_head_type": "vanilla",
+    "dspark_markov_rank": 8,
+    "dspark_sample_from_anchor": True,
+}
 
 
 def result():
@@ -36,12 +41,16 @@ def result():
     per = [c, other]
     total = c + other
     info = SimpleNamespace(drafter_config=CONFIG)
-    return SimpleNamespace(
-        dspark=dspark_summary(per, total),
-        convention=convention_check(per),
-        metrics={"acceptance_length": 15 / 6, "acceptance_length_se": 0.1},
-        info=info,
-    ), per, blocks
+    return (
+        SimpleNamespace(
+            dspark=dspark_summary(per, total),
+            convention=convention_check(per),
+            metrics={"acceptance_length": 15 / 6, "acceptance_length_se": 0.1},
+            info=info,
+        ),
+        per,
+        blocks,
+    )
 
 
 def test_console_prints_tau_thresholds_calibration_and_gain():
@@ -86,11 +95,18 @@ def test_per_prompt_rows_and_compare():
         d = per_prompt_row(PromptResult(dataclasses.replace(p, id=f"p{i}"), [1, 2], [3, 4, 5], c, [])).to_dict()
         assert {"thresholds", "thr_steps", "thr_committed", "cal_sq", "cal_total", "other_steps"} <= set(d)
         rows.append(PromptRow.from_dict(json.loads(json.dumps(d))))
-    b = [dataclasses.replace(r, thresholds=[0.5, 0.7], thr_steps=r.thr_steps[1:3], thr_committed=r.thr_committed[1:3]) for r in rows]
+    b = [
+        dataclasses.replace(r, thresholds=[0.5, 0.7], thr_steps=r.thr_steps[1:3], thr_committed=r.thr_committed[1:3])
+        for r in rows
+    ]
     names = [x.metric for x in compare(list(zip(rows, b)))]
     assert "confidence_threshold/0.5" in names and "confidence_threshold/0.7" in names
     assert "confidence_threshold/0.95" not in names and "confidence_brier" in names
-    assert "acceptance_length_other" in names and "acceptance_length_unary" in names and not [n for n in names if "topk" in n]
+    assert (
+        "acceptance_length_other" in names
+        and "acceptance_length_unary" in names
+        and not [n for n in names if "topk" in n]
+    )
 
 
 def test_samples_mark_the_markov_choice_and_the_confidence(byte_tok):  # noqa: F811
