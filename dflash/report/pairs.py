@@ -9,8 +9,9 @@ gives the gap in τ (overall and per subset), in teacher-forced accuracy at slot
 with scores=true) in the reference token's NLL, for two DFlash2 runs in the unary τ and the top-k recall at
 slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), for two DSpark runs in the unary τ (the
 block without its Markov head), τ at each confidence threshold both walked and the confidence head's Brier score
-(lower is better), and for any two runs in τ read in the other slot convention, each with its paired SE
-(metrics.paired_ratio_diff;
+(lower is better), for a DSpark run against a drafter without a confidence head τ at each of its thresholds against
+the other's whole-block τ (what that drafter verifies at any threshold), and for any two runs in τ read in the
+other slot convention, each with its paired SE (metrics.paired_ratio_diff;
 what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
 and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/cli/compare.py,
 reads the runs through dflash.tracking).
@@ -173,9 +174,28 @@ def compare(pairs: list[Pair]) -> list[CompareRow]:
                 )
             )
         out.append(_row("confidence_brier", pairs, lambda r: r.cal_sq, lambda r: r.cal_total))
+    elif pairs and (one := _one_side(pairs)) is not None:  # DSpark against a drafter without a confidence head
+        for t in one:  # which verifies its whole block at any threshold: its τ stands against each threshold's τ
+            out.append(
+                _row(
+                    f"confidence_threshold/{t:g}",
+                    pairs,
+                    lambda r, t=t: r.committed if r.thresholds is None else r.thr_committed[_idx(r, t)],
+                    lambda r, t=t: r.steps if r.thresholds is None else r.thr_steps[_idx(r, t)],
+                )
+            )
     if both("other_steps"):  # the convention check: τ read in the other slot convention
         out.append(_row("acceptance_length_other", pairs, lambda r: r.other_committed, lambda r: r.other_steps))
     return out
+
+
+def _one_side(pairs: list[Pair]) -> list[float] | None:
+    """The thresholds one side walked (the same on every prompt) where the other side walked none, else None."""
+    for me, other in ((0, 1), (1, 0)):
+        ts = {tuple(p[me].thresholds) if p[me].thresholds is not None else None for p in pairs}
+        if len(ts) == 1 and None not in ts and all(p[other].thresholds is None for p in pairs):
+            return list(next(iter(ts)))
+    return None
 
 
 def _idx(r: PromptRow, t: float) -> int:
