@@ -3,7 +3,8 @@
 `evaluate(cfg, work, config_text, ...)` is the one place that sequence is written; the command line
 (dflash/cli/evaluate.py), the Python API (dflash/evaluation/api.py) and every step of a training run
 (dflash/evaluation/series.py) go through it. `work()` runs inside the open run, so a failure or a signal
-ends the run FAILED or KILLED, never RUNNING. What the report makes of a result (its description, plots,
+ends the run FAILED or KILLED, never RUNNING; a signal that comes while MLflow creates the run is held back until
+the run is open, and ends it KILLED too. What the report makes of a result (its description, plots,
 samples) is composed here and handed to dflash.tracking, which owns every name and the layout
 (`tracking.log_eval`). With tracking.enabled=false nothing is logged and `Logged.where` says so.
 """
@@ -11,12 +12,14 @@ samples) is composed here and handed to dflash.tracking, which owns every name a
 from __future__ import annotations
 
 import dataclasses
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from dflash.config.schema import EvalConfig, experiment_name
 from dflash.evaluation.pipeline import run_name
 from dflash.result import EvalResult
+from dflash.util.errors import signals_deferred
 
 
 @dataclass
@@ -41,19 +44,27 @@ def evaluate(
     return Logged(res, run.where())
 
 
-def open_run(cfg: EvalConfig, name: str, tags: dict[str, Any] | None = None, parent: Any = None):
-    """The run an evaluation logs to (a `NoRun` when tracking.enabled=false), its config logged as params (null and
-    auto left for `log_result`, which logs them as resolved)."""
+@contextmanager
+def open_run(cfg: EvalConfig, name: str, tags: dict[str, Any] | None = None, parent: Any = None) -> Iterator[Any]:
+    """The run an evaluation logs to, open for the block (a `NoRun` when tracking.enabled=false), its config logged as
+    params (null and auto left for `log_result`, which logs them as resolved). SIGINT / SIGTERM wait while the run is
+    created and entered: one that came meanwhile is raised inside the block, so the run ends KILLED (raised between
+    MLflow's create_run and `with`, it would leave the run RUNNING)."""
     from dflash import tracking
 
     tc = cfg.tracking
     if not tc.enabled:
-        return tracking.NoRun()
-    run = tracking.Run(
-        tc.uri, experiment_name(tc, cfg.target.name), name, tc.artifact_location, parent=parent, tags=tags
-    )
-    run.log_params({k: v for k, v in tracking.flatten(dataclasses.asdict(cfg)).items() if v != "auto"})
-    return run
+        yield tracking.NoRun()
+        return
+    with ExitStack() as stack:
+        with signals_deferred():
+            run = stack.enter_context(
+                tracking.Run(
+                    tc.uri, experiment_name(tc, cfg.target.name), name, tc.artifact_location, parent=parent, tags=tags
+                )
+            )
+        run.log_params({k: v for k, v in tracking.flatten(dataclasses.asdict(cfg)).items() if v != "auto"})
+        yield run
 
 
 def log_result(run: Any, res: EvalResult, cfg: EvalConfig, config_text: str) -> None:

@@ -46,7 +46,14 @@ from dflash.report.training_run import Row, best_text, stall_text, training_run_
 from dflash.result import EvalResult
 from dflash.runs import trainlog
 from dflash.runs.watch import Settle, scan, settled
-from dflash.util.errors import CheckpointError, ConfigError, Terminated, TrackingError, UserError
+from dflash.util.errors import (
+    CheckpointError,
+    ConfigError,
+    Terminated,
+    TrackingError,
+    UserError,
+    signals_deferred,
+)
 from dflash.util.files import find_path
 from dflash.util.progress import log
 
@@ -242,8 +249,9 @@ class Series:
         self.out.superseded += old
         if self.parent is not None:
             note = f"τ by training step of `{self.root}`, after the trainer rewound it to step {step}."
-            new = tracking.new_lineage(self.cfg.tracking.uri, self.parent.run_id, step, note)
-            self.parent = tracking.Run.attach(self.cfg.tracking.uri, new, reopen=True)
+            with signals_deferred():  # the new parent is held (self.parent) before a signal can end the invocation
+                new = tracking.new_lineage(self.cfg.tracking.uri, self.parent.run_id, step, note)
+                self.parent = tracking.Run.attach(self.cfg.tracking.uri, new, reopen=True)
             self.out.parent_id = new
             self.train_logged = {}
 
@@ -382,8 +390,19 @@ class Series:
 
     @contextmanager
     def parent_open(self) -> Iterator[None]:
-        """The current parent (a rewind moves it to a new lineage) ends as the invocation does."""
+        """The training run's parent found or created and reopened from this process; the current parent (a rewind
+        moves it to a new lineage) ends as the invocation does. A signal while it is opened waits until it is held,
+        then ends it KILLED (never left RUNNING)."""
+        from dflash import tracking
+
+        tc = self.cfg.tracking
         try:
+            with signals_deferred():
+                if tc.enabled:
+                    exp = experiment_name(tc, self.cfg.target.name)
+                    pid = tracking.open_parent(tc.uri, exp, self.family, tc.artifact_location)
+                    self.parent = tracking.Run.attach(tc.uri, pid, reopen=True)
+                    self.out.parent_id = pid
             yield
         except BaseException:
             if self.parent is not None:
@@ -436,16 +455,9 @@ class Series:
     def run(self) -> Outcome:
         from dflash import tracking
 
-        tc = self.cfg.tracking
-        if tc.enabled:
-            pid = tracking.open_parent(
-                tc.uri, experiment_name(tc, self.cfg.target.name), self.family, tc.artifact_location
-            )
-            self.parent = tracking.Run.attach(tc.uri, pid, reopen=True)
-            self.out.parent_id = pid
         with self.parent_open():
             if self.parent is not None:
-                self.known = dict(tracking.evaluated_steps(tc.uri, self.parent.run_id))
+                self.known = dict(tracking.evaluated_steps(self.cfg.tracking.uri, self.parent.run_id))
             self.run_loop()
             self.update_parent(f"ended: {self.out.ended}")
             if self.out.failed:

@@ -348,6 +348,49 @@ def test_sigterm_while_following_then_a_restart_evaluates_no_step_twice_and_leav
     assert len(parents) == 1 and all(r.info.status != "RUNNING" for r in parents + kids)
 
 
+@pytest.mark.parametrize("made", ["parent", "child", "lineage"])
+def test_sigterm_while_mlflow_creates_a_run_ends_it_killed(tmp_path, qwen3_dir, qwen3_target, monkeypatch, made):
+    """SIGTERM arriving while MLflow writes a new run (the training run's parent, a step's child, a rewind's new
+    lineage) is held back until the write returns (tracking.store), then raised: it must come where the run is already
+    held by a `with`, which ends it KILLED, not between create_run and the `with` (the run then stayed RUNNING)."""
+    from mlflow.tracking.client import MlflowClient
+
+    from dflash import tracking
+    from dflash.evaluation import series
+    from dflash.util.errors import Terminated, install_signal_handlers
+
+    run = tmp_path / "run"
+    write_step(run, qwen3_target, 10)
+    cfg = compose(overrides(tmp_path, qwen3_dir, run, "drafter.step=all"))
+    if made == "lineage":
+        series.evaluate_training_run(cfg, "")
+        write_step(run, qwen3_target, 10, seed=99)  # a rewind: step 10 rewritten with other weights
+    real = MlflowClient.create_run
+    which = {
+        "parent": lambda t: t.get(tracking.ROLE_TAG) == tracking.TRAINING_RUN and tracking.LINEAGE_TAG not in t,
+        "child": lambda t: tracking.SERIES_TAG in t and tracking.ROLE_TAG not in t,
+        "lineage": lambda t: tracking.LINEAGE_TAG in t,
+    }[made]
+
+    def signalled_mid_write(self, *args, **kwargs):
+        if which(kwargs.get("tags") or {}):
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered now, unless held back
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "create_run", signalled_mid_write)
+    old = signal.getsignal(signal.SIGTERM)
+    install_signal_handlers()
+    try:
+        with pytest.raises(Terminated):
+            series.evaluate_training_run(cfg, "")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    parents, kids = family(tmp_path)
+    status = sorted(r.info.status for r in parents + kids)
+    expect = {"parent": ["KILLED"], "child": ["KILLED", "KILLED"], "lineage": ["FINISHED", "FINISHED", "KILLED"]}
+    assert status == expect[made]  # the rewind's old parent and child end as they were: FINISHED (superseded)
+
+
 # --- the trainer's metrics from each source ----------------------------------------------------------
 
 
