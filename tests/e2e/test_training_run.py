@@ -324,9 +324,16 @@ def test_sigterm_while_following_then_a_restart_evaluates_no_step_twice_and_leav
         write_step(run, qwen3_target, s)
     args = overrides(tmp_path, qwen3_dir, run, "follow=true", "watch.poll_s=0.2", "watch.settle_s=0")
     p = _cli(tmp_path, args)
+
+    def a_step_finished() -> bool:
+        """Read once the process made the store: a client opened before would create it itself, racing the process
+        (which then fails to open the half-made store and exits 2)."""
+        db = tmp_path / "mlflow.db"
+        return db.exists() and any(k.info.status == "FINISHED" for k in family(tmp_path)[1])
+
     try:
         deadline = time.monotonic() + 600
-        while not any(k.info.status == "FINISHED" for k in family(tmp_path)[1] if (tmp_path / "mlflow.db").exists()):
+        while not a_step_finished():
             assert p.poll() is None, p.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no step evaluated"
             time.sleep(0.3)
