@@ -11,8 +11,9 @@ selector walk.
   context's keys and values never pass through it (as SGLang, whose context K/V come from `fc` alone).
   Identity: base[:, 0] = 1, other taps 0, zero projection (how SpecForge starts training).
 - `unary_logits`: the drafter's logits on slots 1..B-1 (`DFlashDrafter.logits`: the target's LM head unless
-  it has its own, times logit_scale), top-k (k = selector_top_k) taken on the raw logits, then in float32
-  × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
+  it has its own, times logit_scale), top-k (k = selector_top_k) taken on the raw logits in the canonical
+  order (value desc, id asc: dflash/models/drafter/head.py, which computes it in chunks of the vocabulary),
+  then in float32 × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
 - `CandidateSelector` + `walk`: from the anchor, slot by slot, candidate j of the unary top-k scores
   unary[j] + <predecessor_codebook[prev] ⊙ (hidden_projection h_p), successor_codebook[cand_j]> and
   the best one (the first in top-k order on ties: argmax) is the draft and the next slot's prev. The
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dflash.models.drafter.dflash2_config import DFlash2Config
+from dflash.models.drafter.head import canonical_topk, head_of, select
 
 
 class BlockConv(nn.Module):
@@ -109,10 +111,16 @@ def transform(logits: Tensor, d2: DFlash2Config) -> Tensor:
 
 
 def unary_candidates(selector: CandidateSelector, d2: DFlash2Config, logits: Tensor, h: Tensor) -> Candidates:
-    """logits [R, K, V] raw LM-head logits, h [R, K, H] the slots' final states -> Candidates."""
-    vals, ids = logits.topk(d2.selector_top_k, dim=-1)
+    """logits [R, K, V] raw LM-head logits, h [R, K, H] the slots' final states -> Candidates (the top k in the
+    canonical order: value desc, id asc; head.py)."""
+    return candidates(selector, d2, *canonical_topk(logits, d2.selector_top_k), h)
+
+
+def candidates(selector: CandidateSelector, d2: DFlash2Config, values: Tensor, ids: Tensor, h: Tensor) -> Candidates:
+    """The raw top k (values, ids [R, K, k], canonical order) and h [R, K, H] -> Candidates: the values transformed
+    after selection (SGLang's order), the slots' selector projections."""
     proj = selector.hidden_projection(h.to(selector.hidden_projection.weight.dtype)).float()
-    return Candidates(ids, transform(vals, d2), proj)
+    return Candidates(ids, transform(values, d2), proj)
 
 
 def walk(selector: CandidateSelector, c: Candidates, prev: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
@@ -138,20 +146,31 @@ class Proposal:
 
 def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anchor: Tensor) -> Proposal:
     """h [R, K, H] slots 1..B-1's final states (the target's dtype), anchor [R] -> Proposal. `head` is the
-    target's LM head, which `drafter.logits` uses unless the drafter has its own (times its logit_scale);
-    the walk starts from the anchor."""
+    target's LM head (an nn.Linear: computed in chunks of the vocabulary; any function: whole), which the drafter
+    uses unless it has its own (times its logit_scale: head.head_of); the walk starts from the anchor."""
     R, K, H = h.shape
-    logits = drafter.logits(head, h.reshape(R * K, H)).view(
-        R, K, -1
-    )  # 2-D into the head: a 3-D input takes a slow bmm path
-    return propose_logits(drafter, logits, h, anchor)
+    out = select(head_of(drafter, head), h.reshape(R * K, H), top_k(drafter))  # 2-D: a 3-D input takes a slow bmm
+    return propose_top(drafter, out.values.view(R, K, -1), out.ids.view(R, K, -1), h, anchor)
+
+
+def top_k(drafter: nn.Module) -> int:
+    """How many of the head's best ids the proposal rule reads per slot: 1 (DFlash), selector_top_k (DFlash2)."""
+    d2 = drafter.cfg.dflash2
+    return 1 if d2 is None else d2.selector_top_k
+
+
+def propose_top(drafter: nn.Module, values: Tensor, ids: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
+    """`propose` from the head's canonical top k per slot (values, ids [R, K, k]: head.select)."""
+    d2 = drafter.cfg.dflash2
+    if d2 is None:
+        return Proposal(ids[..., 0], ids[..., 0], None)
+    c = candidates(drafter.candidate_selector, d2, values, ids, h)
+    return Proposal(walk(drafter.candidate_selector, c, anchor.to(c.ids.device)), c.ids[..., 0], c.ids)
 
 
 def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
-    """`propose` from the drafter's raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
-    d2 = drafter.cfg.dflash2
-    if d2 is None:
-        top = logits.argmax(-1)
+    """`propose` from the drafter's full raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
+    if drafter.cfg.dflash2 is None:
+        top = logits.argmax(-1)  # the first maximal id: the canonical top 1
         return Proposal(top, top, None)
-    c = unary_candidates(drafter.candidate_selector, d2, logits, h)
-    return Proposal(walk(drafter.candidate_selector, c, anchor.to(c.ids.device)), c.ids[..., 0], c.ids)
+    return propose_top(drafter, *canonical_topk(logits, top_k(drafter)), h, anchor)
