@@ -11,14 +11,19 @@ reference. So the loop is index walking over proposals (`verify` is its one rule
         pos += commit
 
 `ReplayOptions.anchors` says which proposals are drafted (both give the same walk, counter for counter):
-- `all`: batched drafter passes over *every* anchor position of a group of prompts (`draft_many`), so every
-  proposal the loop could see exists, and teacher-forced accuracy comes from the same drafts.
-- `visited` (`replay_visited`): only the anchors the loop visits (one in τ), drafted in
-  lockstep over a group of prompts, with the LM head only over the slots the walk reads.
+- `all` (`replay_all`): batched drafter passes over *every* anchor position of a group of prompts
+  (`draft_many`); the LM head over every slot at the teacher-forced anchors and, at the others, only over
+  the slots a walk reads (rounds over slot groups while the prefix matches the reference: `lazy_heads`).
+  A(p), the accepted prefix at every anchor, then fixes the walk, which runs on the device for all prompts
+  at once (dflash/stages/replay/walk.py: pointer doubling, no step-by-step host loop).
+- `visited` (`replay_visited`): only the anchors the loop visits (one in τ), drafted in lockstep over a
+  group of prompts (one drafter pass per step over every prompt's anchor, one host read of its proposals),
+  with the LM head only over the slots the walk reads.
 Teacher-forced accuracy (slot k right whatever the earlier slots) counts every `tf_stride`-th anchor
 (P, P+s, ...): all of them at stride 1; a systematic sample, unbiased for the per-slot accuracy and
 with its SE over prompts, at stride s > 1. With `scores` also the drafter's NLL of each reference token
-and its top-1 probability there (a log-sum-exp over the vocabulary at every slot, ~30% more on CPU).
+and its top-1 probability there (a log-sum-exp over the vocabulary at every slot, computed chunk by chunk
+beside the top k: dflash/models/drafter/head.py).
 
 DFlash2 drafters (dflash/models/drafter/dflash2.py): the proposal is the selector's walk; the same drafter
 passes also give the unary argmax, whose own walk over the same reference is counted beside
@@ -54,11 +59,15 @@ from dflash.stages.replay.drafts import (  # noqa: F401  (re-exported: the repla
     draft_anchors,
     draft_many,
     drafter_hidden,
+    finite_rows,
     lazy_greedy,
     lazy_proposals,
     padded_kv,
     prepare,
+    reference_after,
+    refuse_non_finite,
 )
+from dflash.stages.replay.walk import accepted_lengths, walk
 
 ANCHOR_MODES = ("all", "visited")
 
@@ -165,30 +174,62 @@ def _stride(d: Drafts, st: int) -> Drafts:
     return Drafts(*(None if x is None else x[::st] for x in (d.tokens, d.unary, d.topk, d.nll, d.conf)))
 
 
+def _grid(s: ReplaySeq, st: int) -> Tensor:
+    """bool [T-1-P]: the teacher-forced anchors (every st-th from P) among all of s's anchors."""
+    return torch.arange(max(0, s.T - 1 - s.first), device=s.ids.device) % st == 0
+
+
+@torch.no_grad()
 def replay_all(
     drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
 ) -> list[tuple[Counters, list[Block]]]:
-    """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`), then walk each."""
-    drafts = draft_many(drafter, target, seqs, [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs], opt)
-    ids, drafts = _to_host(seqs, drafts)
-    return [_walk_all(drafter, s, i, d, opt) for s, i, d in zip(seqs, ids, drafts)]
+    """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`: every slot through
+    the LM head at the teacher-forced anchors, only the slots a walk reads at the others), then walk every prompt at
+    once on the device (`walk.walk` over the accepted lengths; DFlash2: the unary argmax's walk too)."""
+    B, sel, dev = drafter.cfg.block_size, drafter.cfg.dflash2 is not None, seqs[0].ids.device
+    K, anchors = B - 1, [torch.arange(s.first, s.T - 1, device=dev) for s in seqs]
+    drafts = draft_many(drafter, target, seqs, anchors, opt, full=[_grid(s, opt.tf_stride) for s in seqs])
+    labels = [reference_after(s, a, K)[0] for s, a in zip(seqs, anchors)]
+    first, T = (torch.tensor([getattr(s, n) for s in seqs], device=dev) for n in ("first", "T"))
+
+    def lengths(props: list[Tensor]) -> Tensor:  # [S, Tmax]: a(p) at anchor position p
+        acc = torch.zeros(len(seqs), max(s.T for s in seqs), dtype=torch.long, device=dev)
+        for i, (s, x, lab) in enumerate(zip(seqs, props, labels)):
+            acc[i, s.first : s.T - 1] = accepted_lengths(x.to(dev), lab)
+        return acc
+
+    w = walk(lengths([d.tokens for d in drafts]), first, T, K)
+    outs = w.counters(B, selector=sel)
+    if sel:
+        u = walk(lengths([d.unary for d in drafts]), first, T, K)
+        for c, steps, committed in zip(outs, u.steps.tolist(), u.committed.tolist()):
+            c.unary_steps, c.unary_committed = steps, committed
+    for s, d, c in zip(seqs, drafts, outs):
+        _teacher_forced(s, s.ids, _stride(d, opt.tf_stride), c, opt.tf_stride)
+    return list(zip(outs, _blocks(seqs, drafts, labels, w.visited)))
 
 
-def _walk_all(
-    drafter: DFlashDrafter, s: ReplaySeq, ids: Tensor, d: Drafts, opt: ReplayOptions
-) -> tuple[Counters, list[Block]]:
-    """One prompt's walk over its drafts at every anchor (DFlash2: also the unary argmax's walk), teacher-forced at the
-    stride; ids and d on the host (`_to_host`)."""
-    seq, B = ids.tolist(), drafter.cfg.block_size
-    c, blocks = replay(seq, s.first, d.tokens.tolist(), B, selector=d.unary is not None)
-    if d.unary is not None:
-        unary = d.unary.tolist()
-        cu, _ = replay(seq, s.first, unary, B)
-        c.unary_steps, c.unary_committed = cu.steps, cu.committed
-        for b in blocks:
-            b.unary = unary[b.anchor_pos - s.first]
-    _teacher_forced(s, ids, _stride(d, opt.tf_stride), c, opt.tf_stride)
-    return c, blocks
+def _blocks(seqs: list[ReplaySeq], drafts: list[Drafts], labels: list[Tensor], visited: Tensor) -> list[list[Block]]:
+    """The walk's verify steps per prompt, from one host copy for the group: anchor, proposal (the slots drafted),
+    accepted, and the unary argmax (DFlash2)."""
+    dev, K = visited.device, labels[0].shape[1]
+    first = torch.tensor([s.first for s in seqs], device=dev)
+    offset = torch.tensor([0] + [len(x) for x in labels], device=dev).cumsum(0)[:-1]  # each prompt's first draft row
+    i, p = visited.nonzero().unbind(1)  # [n]: the verify steps, prompt by prompt, in anchor order
+    row = offset[i] + p - first[i]
+    tok = torch.cat([d.tokens.to(dev) for d in drafts])[row]  # [n, K]
+    cols = [i[:, None], p[:, None], accepted_lengths(tok, torch.cat(labels)[row])[:, None], tok]
+    uni = drafts[0].unary is not None
+    cols += [torch.cat([d.unary.to(dev) for d in drafts])[row]] if uni else []
+    out: list[list[Block]] = [[] for _ in seqs]
+    for r in torch.cat(cols, 1).tolist():
+        out[r[0]].append(Block(r[1], _drafted(r[3 : 3 + K]), r[2], _drafted(r[3 + K :]) if uni else None))
+    return out
+
+
+def _drafted(prop: list[int]) -> list[int]:
+    """A proposal without the slots the lazy head left undrafted (-1: a tail)."""
+    return prop[: prop.index(-1)] if -1 in prop else prop
 
 
 @torch.no_grad()
@@ -219,6 +260,7 @@ def replay_visited(
     pos = [s.first for s in seqs]
     upos = [s.first if sel else s.T for s in seqs]  # the unary walk (DFlash2); done from the start for DFlash
     ucount = [Counters(block_size=B) for _ in seqs]
+    finite: list[tuple[Tensor, Tensor]] = []  # per pass: anchors, their states finite (read once, at the end)
     ext = torch.full(
         (len(seqs), max(s.T for s in seqs) + B), -1, dtype=torch.long, device=dev
     )  # [S, Tmax+B]: -1 past each end
@@ -230,21 +272,20 @@ def replay_visited(
             break
         todo, drafted = [(i, p) for i, p in need if p not in known[i]], {}
         for part in (todo[j : j + opt.chunk] for j in range(0, len(todo), opt.chunk)):
-            idx, anc = (
-                torch.tensor([i for i, _ in part], device=dev),
-                torch.tensor([p for _, p in part], device=dev),
-            )  # [R]
-            L = int(anc.max()) + int(opt.see_anchor)
-            L = min(kv[0][0].shape[2], -(-L // CTX_ROUND) * CTX_ROUND)  # as drafter_hidden rounds it: few shapes
-            every = idx.tolist() == list(range(len(seqs)))
-            rows = (
-                kv if every else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
+            rows_i, rows_p = [i for i, _ in part], [p for _, p in part]  # on the host: no read of the device
+            idx, anc = torch.tensor(rows_i, device=dev), torch.tensor(rows_p, device=dev)  # [R]
+            L = min(kv[0][0].shape[2], -(-(max(rows_p) + int(opt.see_anchor)) // CTX_ROUND) * CTX_ROUND)
+            sub = (
+                kv
+                if rows_i == list(range(len(seqs)))
+                else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
             )
             h = drafter_hidden(
-                drafter, target, ext[idx, anc][:, None], anc[:, None], rows, opt.backend, opt.see_anchor
-            )[:, 0]
+                drafter, target, ext[idx, anc][:, None], anc[:, None], sub, opt.backend, opt.see_anchor, L, False
+            )  # [R, 1, B-1, H]
+            finite.append((anc, finite_rows(h)[:, 0]))
             labels = ext[idx[:, None], anc[:, None] + torch.arange(1, B, device=dev)]  # [R, B-1]
-            drafted.update(zip(part, lazy_proposals(drafter, target, h, labels, ext[idx, anc])))
+            drafted.update(zip(part, lazy_proposals(drafter, target, h[:, 0], labels, ext[idx, anc])))
         for i, s in enumerate(seqs):
             if pos[i] < s.T - 1:
                 prop, unary = known[i].get(pos[i]) or drafted[(i, pos[i])]
@@ -256,6 +297,8 @@ def replay_visited(
                 a, commit = verify(ids[i], upos[i], (known[i].get(upos[i]) or drafted[(i, upos[i])])[1], B)
                 count_step(ucount[i], a, commit)
                 upos[i] += commit
+    if finite:
+        refuse_non_finite(*(torch.cat(x) for x in zip(*finite)), drafter.fc.weight.dtype)
     for (c, _), cu in zip(outs, ucount):
         c.unary_steps, c.unary_committed = cu.steps, cu.committed
     return outs
