@@ -14,7 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash.stages.metrics import Counters, PromptRow, commit_share, ids_digest, position_table, scored
+from dflash.stages.metrics import (
+    ConventionCheck,
+    Counters,
+    DSparkSummary,
+    PromptRow,
+    commit_share,
+    ids_digest,
+    position_table,
+    scored,
+)
 from dflash.stages.prompts.sets import Prompt
 from dflash.stages.references.collect import ReferenceStats
 from dflash.stages.references.served import served_histogram
@@ -45,7 +54,7 @@ class RunInfo:
     dtype: str
     target_identity: str
     target_source: str
-    block_size: int
+    block_size: int  # tokens per verify step, the anchor and its drafts (DFlash: its block size; DSpark: gamma + 1)
     target_layer_ids: list[int]
     mask_token_id: int
     stop_ids: list[int]
@@ -62,6 +71,8 @@ class RunInfo:
     prompt_format: str = (
         ""  # how prompts were rendered: chat template or not, thinking mode, system prompt (the summary prints it)
     )
+    # a training run's step: its layout, what its step number counts, epoch, run id (dflash.models.drafter.layouts)
+    checkpoint_origin: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +89,8 @@ class EvalResult:
     prompt_lookup: PromptLookup | None = (
         None  # the n-gram yardstick on the same references (None: prompt_lookup.enabled=false)
     )
+    dspark: DSparkSummary | None = None  # DSpark drafters: Markov gain, confidence thresholds, calibration
+    convention: ConventionCheck | None = None  # the other slot convention's τ, from the same drafter passes
 
     def commit_share(self) -> list[float | None]:
         """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
@@ -113,9 +126,21 @@ def per_prompt_row(r: PromptResult) -> PromptRow:
                 "unary_steps": c.unary_steps,
                 "unary_committed": c.unary_committed,
                 "tf_unary_correct": c.tf_unary_correct,
-                "tf_topk_hit": c.tf_topk_hit,
+                "tf_topk_hit": c.tf_topk_hit if c.selector else None,
             }
-            if c.selector
+            if c.selector or c.markov
+            else {}
+        ),
+        **({"other_steps": c.other_steps, "other_committed": c.other_committed} if c.other_width else {}),
+        **(
+            {
+                "thresholds": c.thresholds,
+                "thr_steps": c.thr_steps,
+                "thr_committed": c.thr_committed,
+                "cal_sq": sum(c.cal_sq),
+                "cal_total": sum(c.cal_total),
+            }
+            if c.confidence
             else {}
         ),
     )

@@ -6,7 +6,8 @@ A round is a date, with a letter after it for a later round of that date (2026-1
 scripts/results/, per round:
 - `train_<machine>_<ROUND>.log`: the trainer's log (data lines, per-variant rows every metrics_every steps);
 - `eval_cpu_<ROUND>/*.log`: one `python evaluate.py` summary per drafter and step (builtin prompts);
-- `compare_cpu_<ROUND>.log`: `dflash-compare` tables (paired gaps), copied verbatim;
+- `compare_cpu_<ROUND>.log`: `dflash-compare` tables (paired gaps), copied verbatim; a DSpark pair's τ with the
+  whole block verified and at each confidence threshold also as a table (`dspark_pairs`);
 - `humaneval_cpu_<ROUND>/*.log` and `compare_humaneval_cpu_<ROUND>.log`: the same on HumanEval-164;
 - `bench_*_<ROUND>.log`: the benches, named with their headers.
 Every figure on the page comes from those files; nothing is typed in by hand. The same run also rewrites the
@@ -79,7 +80,7 @@ def parse_eval(text: str) -> Eval | None:
         sub.group(1) if sub else "-",
         sub.group(2) if sub else "-",
         leak.group(1) if leak else "-",
-        selector_line(text),
+        selector_line(text) or dspark_line(text),
     )
 
 
@@ -101,6 +102,37 @@ def selector_line(text: str) -> str:
         text,
     )
     return f"unary τ {d2.group(1)} ± {d2.group(2)}; selector gain {d2.group(3)} ± {d2.group(4)}" if d2 else ""
+
+
+def dspark_line(text: str) -> str:
+    """'Markov gain G ± SE; τ at confidence t X ± SE, ...' from a DSpark evaluation log's lines; '' for others."""
+    m = re.search(r"^DSpark \(.*Markov gain ([+\-][\d.]+) ± ([\d.]+)", text, re.M)
+    if not m:
+        return ""
+    table = text.split("confidence threshold t (", 1)[-1] if "confidence threshold t (" in text else ""
+    thr = re.findall(r"^\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[+\-][\d.]+", table, re.M)
+    at = ", ".join(f"{t} {tau} ± {se}" for t, tau, se in thr)
+    return f"Markov gain {m.group(1)} ± {m.group(2)}" + (f"; τ at confidence threshold {at}" if at else "")
+
+
+def dspark_pairs(text: str) -> list[str]:
+    """A table row per metric of each `dflash-compare A B` block that pairs a DSpark run's confidence thresholds: τ
+    with the whole block verified, then at each threshold (a side without a confidence head: its whole-block τ)."""
+    rows = []
+    for block in text.split("### python -m dflash.compare ")[1:]:
+        pair = block.split("\n", 1)[0].split()
+        found = re.findall(
+            r"^(acceptance_length|confidence_threshold/[\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([+\-][\d.]+)\s+([\d.]+)"
+            r"\s+([+\-][\d.]+)",
+            block,
+            re.M,
+        )
+        if len(pair) < 2 or not any(f[0].startswith("confidence_threshold/") for f in found):
+            continue
+        for metric, a, b, d, se, z in found:
+            what = "whole block" if metric == "acceptance_length" else f"confidence ≥ {metric.split('/')[1]}"
+            rows.append(f"| {pair[0]} | {pair[1]} | {what} | {a} | {b} | {d} ± {se} | {z} |")
+    return rows
 
 
 def selector_figures(text: str) -> dict[str, str]:
@@ -177,7 +209,7 @@ def round_section(date: str) -> list[str]:
         "step",
         "",
         "| drafter @ step | layers | taps | τ builtin ± SE | τ fresh | τ train_like | leak probe Δτ | train loss / "
-        "acc@1 / tf τ | DFlash2 |",
+        f"acc@1 / tf τ | {'DFlash2 / DSpark' if any(e.extra.startswith('Markov') for e in evals) else 'DFlash2'} |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     cmp = RESULTS / f"compare_cpu_{date}.log"
@@ -208,6 +240,16 @@ def round_section(date: str) -> list[str]:
                 "| A | B | τ fresh A | τ fresh B | B - A ± SE | z |",
                 "|---|---|---|---|---|---|",
                 *pairs,
+            ]
+        ds = dspark_pairs(cmp.read_text())
+        if ds:
+            lines += [
+                "",
+                "### DSpark: τ with the whole block verified and at each confidence threshold, paired (B - A)",
+                "",
+                "| A | B | τ verifying | τ A | τ B | B - A ± SE | z |",
+                "|---|---|---|---|---|---|---|",
+                *ds,
             ]
         lines += ["", "### Paired gaps (dflash-compare)", "", "```", cmp.read_text().rstrip(), "```"]
     he = [

@@ -263,7 +263,7 @@ def bench_online(
     pos = len(prompts[-1]) + 1  # time the passes alone, at one position (replays do not move it)
     dec.pos.fill_(pos)
     draft = res.step_ms["draft"] = _event_ms(lambda: dec.draft(view=pos), 50, dev)
-    verify = res.step_ms["verify"] = _event_ms(lambda: dec.verify(view=pos + dec.B), 50, dev)
+    verify = res.step_ms["verify"] = _event_ms(lambda: dec.verify(view=pos + dec.W), 50, dev)
     step = res.step_ms["dflash_step"] = ratio(secs * 1e3, steps)
     res.step_ms["host"] = None if step is None else step - draft - verify
     t = res.rate("target_only")

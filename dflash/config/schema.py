@@ -48,10 +48,13 @@ INIT_ARCHS = ("dflash", "dflash2")  # drafter=init's architectures (docs/family.
 class DrafterSchema:
     kind: str = MISSING  # training | hf | init
     name: Optional[str] = None  # run names are <name>@step_<N>; default: the run or folder name
-    run_dir: Optional[str] = None  # kind=training: <run_dir>/step_<N>/
-    # kind=training: null = latest | N | all | [N, M, ...] | A..B (either end open) | any of these /k (every k-th):
-    # StepSelection
+    # kind=training: the run folder (step_<N>/, SpecForge's epoch_<e>_step_<s>/ or <run_id>-step<N>/: layouts.py)
+    run_dir: Optional[str] = None
+    # kind=training: null | latest | best | N | all | [N, M, ...] | A..B (either end open) | all or A..B /k (every
+    # k-th): StepSelection
     step: Any = None
+    # kind=training, SpecForge's unified layout (no config.json in a step): the drafter JSON the run was launched with
+    config: Optional[str] = None
     path: Optional[str] = None  # kind=hf
     # only where a checkpoint lacks them:
     block_size: Optional[int] = None
@@ -96,6 +99,15 @@ class DrafterSchema:
         if self.window is not None and self.window < 1:
             raise ConfigError(
                 f"drafter.window={self.window}: use a positive number of positions (or null: full-attention layers)"
+            )
+        if self.config is not None and (not isinstance(self.config, str) or not self.config.strip()):
+            raise ConfigError(
+                f"drafter.config={self.config!r}: use the path of the drafter JSON a SpecForge run was launched with"
+            )
+        if self.config is not None and self.kind not in ("training", "???"):
+            raise ConfigError(
+                f"drafter.config is the launch JSON of a SpecForge training run (drafter=training, drafter.run_dir); "
+                f"drafter={self.kind} reads its config from its own folder"
             )
         if self.step != "???":
             sel = StepSelection.parse(self.step)
@@ -249,8 +261,25 @@ class ReplayConfig:
     )
     tf_stride: int = 4  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor (exact)
     context_gb: float = 1.0  # visited: the drafter's context keys/values held for one lockstep group of prompts
+    # DSpark drafters with a confidence head: also walk verifying only the drafts before the first slot whose
+    # confidence is below each t (DeepSpec's rule; docs/dspark.md)
+    confidence_thresholds: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
+    # warn when the drafter read in the other slot convention reaches a τ this many paired SEs above the served one
+    convention_z: float = 3.0
 
     def __post_init__(self) -> None:
+        ts = self.confidence_thresholds
+        if isinstance(ts, (list, tuple)) and any(
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1 for t in ts
+        ):
+            raise ConfigError(
+                f"replay.confidence_thresholds={list(ts)!r}: use probabilities in [0, 1] (e.g. [0.5, 0.9]; 0 verifies "
+                "the whole block)"
+            )
+        if isinstance(self.convention_z, (int, float)) and self.convention_z <= 0:
+            raise ConfigError(
+                f"replay.convention_z={self.convention_z}: use a positive number of standard errors (e.g. 3)"
+            )
         if self.anchors not in ("auto", "visited", "all", "???"):
             raise ConfigError(
                 f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1 or on CUDA, else visited), visited "
@@ -322,12 +351,14 @@ class WatchConfig:  # follow=true: how the run folder is watched (dflash/evaluat
 
 @dataclass
 class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under train/ (dflash/runs/trainlog.py)
-    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir, else none | jsonl | tensorboard |
-    # mlflow | none
+    # auto: <run_dir>/metrics.jsonl, else TensorBoard event files under run_dir (SpecForge: <run_dir>/runs), else none
+    # | jsonl | tensorboard | mlflow | none
     source: str = "auto"
     path: Optional[str] = None  # jsonl: the file; tensorboard: the log folder; null: drafter.run_dir
     uri: Optional[str] = None  # mlflow: the trainer's tracking URI; null: tracking.uri
-    run: Optional[str] = None  # mlflow: the trainer's run id or name
+    # mlflow: the trainer's run ids or names, comma-separated (a name: every run of it alive while the run folder's
+    # steps were saved); null: SpecForge's runs of the folder (unified: named after its run_id; legacy: its output_dir)
+    run: Optional[str] = None
     keys: Optional[list[str]] = (
         None  # regular expressions (searched in each name); null: accuracy- and loss-like names (acc, loss)
     )
@@ -341,12 +372,6 @@ class TrainMetricsConfig:  # the trainer's own metrics, logged beside τ under t
     def __post_init__(self) -> None:
         if self.source not in ("auto", "jsonl", "tensorboard", "mlflow", "none", "???"):
             raise ConfigError(f"train_metrics.source={self.source!r}: use auto, jsonl, tensorboard, mlflow or none")
-        if self.source == "mlflow" and not self.run:
-            raise ConfigError(
-                "train_metrics.source=mlflow needs train_metrics.run=<the trainer's run id or name> (and "
-                "train_metrics.uri "
-                "when it logs to another store)"
-            )
         for k in self.keys or []:
             try:
                 re.compile(k)

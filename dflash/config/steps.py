@@ -1,7 +1,8 @@
 """`drafter.step` as written -> the step folders of a training run it selects (checked by the schema,
 dflash/config/schema.py).
 
-Forms: null (the latest), N, `all`, a list `[N, M]`, a range `A..B` of training steps (both ends included, either
+Forms: null or `latest` (the latest complete step), `best` (the step the trainer recorded as its best: SpecForge's
+`<run_id>.best_meta.json`), N, `all`, a list `[N, M]`, a range `A..B` of training steps (both ends included, either
 open), and `/k` after `all` or a range: every k-th step folder of those.
 """
 
@@ -14,9 +15,9 @@ from typing import Any, Optional
 from dflash.util.errors import ConfigError
 
 STEP_SYNTAX = (
-    "use null (the latest step), a step N, all, a list [N,M,...], a range A..B of training steps (both ends included; "
-    "A.. or ..B leave one end open), and /k after all or a range for every k-th step folder of those (all/2, "
-    "1000..9000/4)"
+    "use null or latest (the latest complete step), best (the trainer's recorded best), a step N, all, a list "
+    "[N,M,...], a range A..B of training steps (both ends included; A.. or ..B leave one end open), and /k after "
+    "all or a range for every k-th step folder of those (all/2, 1000..9000/4)"
 )
 
 
@@ -26,7 +27,8 @@ class StepSelection:
     (`all`, a list, a range A..B, each of them optionally thinned to every k-th folder by `/k`)."""
 
     single: bool = True
-    step: Optional[int] = None  # single: the step; None: the latest
+    step: Optional[int] = None  # single: the step; None: the latest (or the best, `best`)
+    best: bool = False  # single: the step the trainer recorded as its best
     steps: Optional[tuple[int, ...]] = None  # a list
     lo: Optional[int] = None  # a range's ends (inclusive); None: open
     hi: Optional[int] = None
@@ -51,6 +53,8 @@ class StepSelection:
             return cls(single=False, steps=tuple(sorted(set(items))))
         if not isinstance(value, str):
             raise bad
+        if value.strip() in ("latest", "best"):
+            return cls(best=value.strip() == "best")
         m = re.fullmatch(r"\s*(all|(\d*)\.\.(\d*)|\d+)\s*(?:/\s*(\d+))?\s*", value)
         if not m or (m.group(4) is not None and (m.group(1).isdigit() or int(m.group(4)) < 1)):
             raise bad
@@ -64,9 +68,17 @@ class StepSelection:
             raise ConfigError(f"drafter.step={value!r}: the range's start is past its end; {STEP_SYNTAX}")
         return cls(single=False, lo=lo, hi=hi, every=every)
 
-    def select(self, steps: list[int]) -> list[int]:
-        """The selected steps among those a run folder holds (sorted); a single selection: its step, or the latest."""
+    @property
+    def value(self) -> int | str | None:
+        """A single selection as the loader takes it: N, None (the latest) or "best"."""
+        return "best" if self.best else self.step
+
+    def select(self, steps: list[int], best: int | None = None) -> list[int]:
+        """The selected steps among those a run folder holds (sorted); a single selection: its step, the latest, or
+        `best` (the trainer's recorded best step; none recorded: none)."""
         have = sorted(steps)
+        if self.best:
+            return [best] if best is not None else []
         if self.single:
             return [self.step] if self.step is not None else have[-1:]
         if self.steps is not None:

@@ -25,14 +25,17 @@ class BugsConfig:
 
 @dataclass
 class DrafterArch:
-    arch: str = (
-        # dflash | dflash2 (docs/family.md §8: block convolutions + candidate selector, as SpecForge trains it)
-        "dflash"
-    )
-    conv_kernel_size: int = 2  # dflash2: taps of the block convolutions (1..block_size)
-    conv_group_size: int = 16  # dflash2: channels sharing one dynamic coefficient (divides the hidden size)
+    # dflash | dflash2 (docs/family.md §8: block convolutions + candidate selector, as SpecForge trains it) | dspark
+    # (docs/dspark.md: the anchor convention, gamma = block_size rows each a proposal, a Markov and a confidence head)
+    arch: str = "dflash"
+    conv_kernel_size: int = 2  # dflash2, dspark: taps of the block convolutions (1..block_size; dspark: 0 = none)
+    conv_group_size: int = 16  # dflash2, dspark: channels sharing one dynamic coefficient (divides the hidden size)
     selector_rank: int = 256  # dflash2: the selector's rank
     selector_top_k: int = 16  # dflash2: the unary candidates the selector chooses from
+    markov_rank: int = 32  # dspark: the Markov head's rank (markov_w1 [V, r], markov_w2 [V, r])
+    markov_head_type: str = "vanilla"  # dspark: vanilla | gated | rnn
+    confidence_head: bool = True  # dspark: train (and export) the confidence head
+    confidence_with_markov: bool = True  # dspark: the confidence head reads [h ; markov_w1[prev]] (else h alone)
     num_layers: int = 1
     num_taps: int = 3
     intermediate_size: Optional[int] = None  # default: the target's
@@ -82,6 +85,12 @@ class OptimConfig:
     selector_loss_alpha: float = (
         1.0  # drafter.arch=dflash2: weight of the selector's CE over the unary top-k (SpecForge's)
     )
+    # drafter.arch=dspark: the weights of its three terms (SpecForge's and DeepSpec's defaults), each over the rows'
+    # weights exp(-j/gamma): CE of base + Markov bias on the label, the L1 distance between the drafter's and the
+    # target's distributions, the confidence head's BCE toward 1 - TV (detached)
+    ce_loss_alpha: float = 0.1
+    l1_loss_alpha: float = 0.9
+    confidence_loss_alpha: float = 1.0
     noise_std: float = 0.0  # Gaussian noise on the fc inputs, relative to each position's RMS
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa | eager
     target_dtype: str = "float32"  # the target's weights (labels and taps); the drafter trains in fp32 + autocast
@@ -132,7 +141,8 @@ def register() -> None:
 
 ATTENTION = ("auto", "flex", "sdpa", "eager")
 AMP = ("auto", "bf16", "none")
-ARCHS = ("dflash", "dflash2")
+ARCHS = ("dflash", "dflash2", "dspark")
+MARKOV_TYPES = ("vanilla", "gated", "rnn")  # dflash.models.drafter.dspark_config's, named here for the schema's check
 
 
 def check(cfg: Any) -> None:
@@ -158,8 +168,11 @@ def check(cfg: Any) -> None:
             raise ConfigError(f"{name}={value}: must be >= {low}")
     if d.arch not in ARCHS:
         raise ConfigError(f"drafter.arch={d.arch!r}: use one of {', '.join(ARCHS)}")
-    if float(o.selector_loss_alpha) < 0:
-        raise ConfigError(f"optim.selector_loss_alpha={o.selector_loss_alpha}: must be >= 0")
+    for name in ("selector_loss_alpha", "ce_loss_alpha", "l1_loss_alpha", "confidence_loss_alpha"):
+        if float(getattr(o, name)) < 0:
+            raise ConfigError(f"optim.{name}={getattr(o, name)}: must be >= 0")
+    if d.arch == "dspark" or any("dspark" in str(n).split("-")[1:] for n in cfg.variants or []):
+        check_dspark(d, o)
     if float(o.noise_std) < 0:
         raise ConfigError(f"optim.noise_std={o.noise_std}: must be >= 0 (0: no augmentation noise)")
     if cfg.init_variant and not cfg.init_from:
@@ -167,4 +180,28 @@ def check(cfg: Any) -> None:
             f"init_variant={cfg.init_variant}: it names a variant's exports under init_from; set init_from=<an earlier "
             f"run's "
             "export_dir> too, or drop init_variant"
+        )
+
+
+def check_dspark(d: Any, o: Any) -> None:
+    """The DSpark keys (drafter.markov_*, drafter.confidence_*, optim.*_loss_alpha) of a run that trains DSpark
+    (drafter.arch=dspark, or a variant's `-dspark` suffix)."""
+    if d.markov_head_type not in MARKOV_TYPES:
+        raise ConfigError(f"drafter.markov_head_type={d.markov_head_type!r}: use one of {', '.join(MARKOV_TYPES)}")
+    if int(d.markov_rank) < 1:
+        raise ConfigError(
+            f"drafter.markov_rank={d.markov_rank}: must be >= 1 (a DSpark drafter needs its Markov head; SGLang "
+            "refuses markov_rank 0)"
+        )
+    if int(d.conv_kernel_size) < 0:
+        raise ConfigError(f"drafter.conv_kernel_size={d.conv_kernel_size}: must be >= 0 (dspark: 0 = no convolutions)")
+    if float(o.ce_loss_alpha) + float(o.l1_loss_alpha) <= 0:
+        raise ConfigError(
+            f"optim.ce_loss_alpha={o.ce_loss_alpha} and optim.l1_loss_alpha={o.l1_loss_alpha}: a DSpark drafter needs "
+            "one of them > 0 (else nothing trains its drafts)"
+        )
+    if bool(d.confidence_head) and float(o.confidence_loss_alpha) <= 0:
+        raise ConfigError(
+            f"drafter.confidence_head=true with optim.confidence_loss_alpha={o.confidence_loss_alpha}: the head would "
+            "ship untrained; set optim.confidence_loss_alpha > 0, or drafter.confidence_head=false"
         )

@@ -5,7 +5,8 @@ curves, per-prompt counters, run info), MLflow only when asked (`log=True`: a ru
 logs it, in tracking.uri). Settings are named as on the command line: the presets of dflash/conf/ by name (`target=`,
 `prompts=`), any other key through `overrides=["prompts.num_prompts=32", ...]`, composed and checked by the
 same strict schema; or a ready `config=EvalConfig(...)` (no dflash/conf/ read at all). A path names the drafter:
-a step folder `<run>/step_<N>` (or a run folder and `step=`), or a public HF-format folder.
+a step folder (`<run>/step_<N>`, SpecForge's `epoch_<e>_step_<s>` or `<run_id>-step<N>`; or a run folder and `step=`),
+or a public HF-format folder; SpecForge's unified steps also take `overrides=["drafter.config=<launch JSON>"]`.
 """
 
 from __future__ import annotations
@@ -23,18 +24,22 @@ from dflash.util.files import find_path
 
 
 def drafter_overrides(drafter: str | Path, step: int | None) -> list[str]:
-    """A drafter path -> the drafter group's overrides: a step folder or a run folder (training), an HF folder (hf)."""
+    """A drafter path -> the drafter group's overrides: a step folder or a run folder of any layout (training:
+    dflash/models/drafter/layouts.py; a SpecForge step folder or `-latest` / `-best` link names its run and step), an
+    HF folder (hf)."""
+    from dflash.models.drafter import layouts
+
     p = find_path(drafter)
     if step is None and p.name.startswith("step_") and p.name[5:].isdigit():
         return ["drafter=training", f"drafter.run_dir={p.parent}", f"drafter.step={int(p.name[5:])}"]
-    if step is not None or any(p.glob("step_*")):
+    root, _, _ = layouts.locate(p)
+    if step is not None or root != p or layouts.detect(p) is not None:
         return ["drafter=training", f"drafter.run_dir={p}", f"drafter.step={'null' if step is None else int(step)}"]
     if (p / "config.json").is_file():
         return ["drafter=hf", f"drafter.path={p}"]
     raise ConfigError(
-        f"drafter={drafter!r}: not a step folder (step_<N>/), a training run folder (holding step_<N>/) nor an "
-        f"HF-format "
-        "folder (config.json + model.safetensors)"
+        f"drafter={drafter!r}: not a step folder, a training run folder (holding step_<N>/, epoch_<e>_step_<s>/ or "
+        "<run_id>-step<N>/ folders) nor an HF-format folder (config.json + model.safetensors)"
     )
 
 

@@ -1,5 +1,6 @@
 """What an evaluation warns about (or refuses) beyond its inputs' own checks: prompts that measured nothing, a thinking
-mode a public drafter was not trained with, sequences past the drafter's sliding window; how prompts were rendered."""
+mode a public drafter was not trained with, sequences past the drafter's sliding window, a drafter that reads better in
+the other slot convention (`convention_warning`); how prompts were rendered."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 from dflash.config.schema import EvalConfig, TemplateConfig
 from dflash.models.drafter.config import DrafterConfig
+from dflash.stages.metrics import ConventionCheck
 from dflash.util.errors import ReferenceError
 from dflash.util.progress import log
 
@@ -90,3 +92,29 @@ def thinking_warning(cfg: EvalConfig) -> list[str]:
     )
     log.warning(w)
     return [w]
+
+
+def convention_warning(dc: DrafterConfig, check: ConventionCheck | None, z_min: float) -> list[str]:
+    """The slot-convention trap (docs/dspark.md): the drafter read in the other convention reaches a τ at least z_min
+    paired SEs above the served one -> a warning naming the key and value that make a server read it that way."""
+    if check is None or check.z is None or check.z < z_min:
+        return []
+    figures = (
+        f"read in the other slot convention it reaches τ {check.other_tau:.3f} against {check.tau:.3f} as read "
+        f"(+{check.gain:.3f} ± {check.gain_se:.3f}, z = {check.z:.1f}, paired over prompts)"
+    )
+    if dc.dspark is not None:
+        now, want = ("true", "false") if dc.dspark.sample_from_anchor else ("false", "true")
+        return [
+            f"slot convention: {figures}. SGLang reads the slot convention from the top-level key sample_from_anchor "
+            f"only (read here as {now}; absent means true): the drafter looks trained with sample_from_anchor: {want}, "
+            f"and a server reading it as it is would accept about one token per step. If that is how it was trained, "
+            f"set sample_from_anchor: {want} at the top level of config.json"
+        ]
+    return [
+        f"slot convention: {figures}. The drafter looks trained in the anchor convention (every block row a "
+        "proposal: sample_from_anchor: true, as DeepSpec's DFlash drafters are), while a DFlash server (SGLang's "
+        "DFLASH) reads it in DFlash's convention whatever its config says. Readers with sample_from_anchor: true "
+        "(speculators' config field, sglang-jax's --speculative-sample-from-anchor) read it the other way; check "
+        "how it was trained"
+    ]

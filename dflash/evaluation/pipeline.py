@@ -18,8 +18,21 @@ from typing import Any, Iterator
 
 import torch
 
-from dflash.config.schema import AttentionConfig, DeviceConfig, DrafterSchema, EvalConfig, PromptLookupConfig
-from dflash.evaluation.checks import check_measured, prompt_format, thinking_warning, window_warning
+from dflash.config.schema import (
+    AttentionConfig,
+    DeviceConfig,
+    DrafterSchema,
+    EvalConfig,
+    PromptLookupConfig,
+    StepSelection,
+)
+from dflash.evaluation.checks import (
+    check_measured,
+    convention_warning,
+    prompt_format,
+    thinking_warning,
+    window_warning,
+)
 from dflash.models.drafter.checkpoint import (
     INIT_DFLASH2,
     DrafterSource,
@@ -35,7 +48,14 @@ from dflash.models.target.kernels import linear_attention_kernel
 from dflash.models.target.model import Target, TargetInfo, inspect_target, load_target
 from dflash.result import EvalResult, PromptResult, RunInfo
 from dflash.stages.features import FeatureStats, iter_features
-from dflash.stages.metrics import accuracy_se, position_curves, ratio, summarize
+from dflash.stages.metrics import (
+    accuracy_se,
+    convention_check,
+    dspark_summary,
+    position_curves,
+    ratio,
+    summarize,
+)
 from dflash.stages.prompts.sets import Prompt, load_prompts, render
 from dflash.stages.references.collect import (
     ReferenceOptions,
@@ -101,9 +121,10 @@ def check_lengths(prompts: list[Prompt], ids: list[list[int]], max_new_tokens: i
 
 def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource:
     """The drafter read and checked without the target (dflash.models.drafter.checkpoint's phase 1); `step`: that
-    step of a training run (else drafter.step, a single step or null for the latest)."""
+    step of a training run (else drafter.step, a single step, null / latest for the latest, best)."""
     d, t = cfg.drafter, cfg.target
-    step = step if step is not None else (d.step if isinstance(d.step, int) else None)
+    sel = StepSelection.parse(d.step)
+    one = step if step is not None else (sel.value if sel.single else None)
     if d.sliding_window not in SLIDING_WINDOW:
         raise ConfigError(f"drafter.sliding_window={d.sliding_window!r}: use one of {SLIDING_WINDOW}")
     overrides = {"block_size": d.block_size, "mask_token_id": d.mask_token_id, "target_layer_ids": d.target_layer_ids}
@@ -114,9 +135,10 @@ def read_drafter_conf(cfg: EvalConfig, step: int | None = None) -> DrafterSource
         d.kind,
         d.name or _default_name(d),
         run_dir=d.run_dir,
-        step=step,
+        step=one,
         path=d.path,
         overrides=overrides,
+        config=d.config,
         init={
             "num_layers": d.num_layers,
             "num_taps": d.num_taps,
@@ -245,7 +267,14 @@ def replay_prompts(
     exist, so features are never all held at once)."""
     layer_ids, rp = drafter.model.cfg.target_layer_ids, cfg.replay
     chunk = int(cfg.anchors_per_chunk or auto_chunk(drafter.model.cfg, target.device.type, target.dtype.itemsize))
-    opt = ReplayOptions(rp.mode(target.device.type == "cuda"), rp.tf_stride, chunk, cfg.attention.drafter, cfg.scores)
+    opt = ReplayOptions(
+        rp.mode(target.device.type == "cuda"),
+        rp.tf_stride,
+        chunk,
+        cfg.attention.drafter,
+        cfg.scores,
+        thresholds=tuple(float(t) for t in rp.confidence_thresholds),
+    )
     fstats, out, group = FeatureStats(), [], []
     feats = iter_features(
         target, [x + r for x, r in zip(ids, refs)], [layer_ids], cfg.cache_dir, stats=fstats, **vars(cfg.features)
@@ -398,6 +427,8 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
     per_prompt = [(r.prompt.subset, r.counters) for r in results]
     metrics = summarize(per_prompt)
     total = sum((c for _, c in per_prompt[1:]), per_prompt[0][1])
+    dspark = dspark_summary([c for _, c in per_prompt], total)
+    convention = convention_check([c for _, c in per_prompt])
     curves = {**position_curves(total), "accuracy_se": accuracy_se([c for _, c in per_prompt])}
     if cfg.leak_probe:
         lm = summarize([(r.prompt.subset, r.leak) for r in results if r.leak is not None])
@@ -426,7 +457,7 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
         dtype=str(target.dtype).replace("torch.", ""),
         target_identity=target.identity,
         target_source=target.source,
-        block_size=dc.block_size,
+        block_size=dc.width,
         target_layer_ids=list(dc.target_layer_ids),
         mask_token_id=dc.mask_token_id,
         stop_ids=target.eos_ids,
@@ -437,13 +468,25 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
         replay_anchors=cfg.replay.mode(target.device.type == "cuda"),
         tf_stride=cfg.replay.tf_stride,
         prompt_format=prompt_format(cfg.target.template),
+        checkpoint_origin=drafter.origin,
     )
     window = window_warning(
         dc, drafter.model.sliding_window, max(len(r.prompt_ids) + len(r.reference) for r in results)
     )
-    warnings = drafter.warnings + ref_stats.warnings + prep.plan.warnings + window + unmeasured
+    trap = convention_warning(dc, convention, cfg.replay.convention_z)
+    warnings = drafter.warnings + ref_stats.warnings + prep.plan.warnings + window + unmeasured + trap
     return EvalResult(
-        metrics, curves, results, total, timings, info, warnings, tokenizer=target.tokenizer, prompt_lookup=lookup
+        metrics,
+        curves,
+        results,
+        total,
+        timings,
+        info,
+        warnings,
+        tokenizer=target.tokenizer,
+        prompt_lookup=lookup,
+        dspark=dspark,
+        convention=convention,
     )
 
 

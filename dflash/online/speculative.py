@@ -7,10 +7,11 @@ It runs on the static-cache engine (decode.py). State per step, anchor at positi
 target's cache holds positions < p, the feature buffer the taps of every committed position < p.
 - draft: the drafter reads the block [anchor, mask, ..., mask] at positions p .. p+B-1 and the
   features of positions < p (on CUDA the whole buffer, the rest hidden by the drafter's own mask
-  t < p); its B-1 proposals go to `out[:B-1]` (dflash.models.drafter.dflash2.propose: the greedy tokens, or
-  DFlash2's selector walk from the anchor, the rule the offline replay uses).
-- verify: the target runs on [anchor, d_1 .. d_{B-1}] at positions p .. p+B-1; its greedy choice
-  after each slot goes to `out[B-1:]`, the taps of all B slots into the feature buffer (those past
+  t < p); its K proposals (rows 1..B-1; every row in DSpark's anchor convention) go to `out[:K]`
+  (dflash.models.drafter.dflash2.propose: the greedy tokens, DFlash2's selector walk or DSpark's Markov rollout
+  from the anchor, the rule the offline replay uses).
+- verify: the target runs on [anchor, d_1 .. d_K] at positions p .. p+K; its greedy choice
+  after each slot goes to `out[K:]`, the taps of all K+1 slots into the feature buffer (those past
   the accepted ones are hidden from the next draft and overwritten later).
 - the host reads `out` (the step's one synchronisation), accepts the longest prefix of drafts that
   equals the target's choices (a tokens), commits them plus the bonus choice, and rolls the cache
@@ -45,8 +46,9 @@ class SpecOutput:
 
 
 class OnlineDecoder:
-    """Target + drafter on one static engine for prompts of at most `max_len - B` positions in all
-    (prompt + new tokens); draft and verify captured once."""
+    """Target + drafter on one static engine for prompts of at most `max_len` positions in all
+    (prompt + new tokens); draft and verify captured once. The drafter's block has B rows and K proposals (B - 1, or
+    B in DSpark's anchor convention); a verify step runs the target on W = K + 1 tokens."""
 
     def __init__(
         self,
@@ -59,22 +61,24 @@ class OnlineDecoder:
         sampling: Sampling = Sampling(),
     ):
         cfg = drafter.cfg
-        self.target, self.drafter, self.backend, self.B = target, drafter, backend, cfg.block_size
+        self.target, self.drafter, self.backend = target, drafter, backend
+        self.B, self.K, self.W = cfg.block_size, cfg.proposals, cfg.width  # drafter rows, drafts, verify width
+        self.margin = max(self.B, self.W)  # positions past the committed ones a step writes or reads
         self.eng = eng = Engine(
-            target, 1, max_len + cfg.block_size, taps=cfg.target_layer_ids, graphs=graphs, compile=compile
+            target, 1, max_len + self.margin, taps=cfg.target_layer_ids, graphs=graphs, compile=compile
         )
-        dev, L, B = eng.device, eng.max_len, self.B
+        dev, L, B, W = eng.device, eng.max_len, self.B, self.W
         ddev, ddt = drafter.fc.weight.device, drafter.fc.weight.dtype
         self.feats = torch.zeros(1, L, cfg.num_taps * target.hidden_size, dtype=ddt, device=ddev)  # [1, L, n*H]
         self.anchor = torch.zeros(1, dtype=torch.long, device=dev)  # [1] anchor token
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # [1] anchor position
         self.masks = torch.full((B - 1,), cfg.mask_token_id, dtype=torch.long, device=dev)
-        self.slots = torch.arange(B, device=dev)
+        self.slots = torch.arange(W, device=dev)
         self.sampling = (
             sampling  # T > 0: z-lab's rule; the target samples each verified slot (position-keyed, as the references)
         )
-        self.key = torch.zeros(B, dtype=torch.long, device=dev)  # [B] the prompt's noise key, one per slot
-        self.out = torch.zeros(2 * B - 1, dtype=torch.long, device=dev)  # [draft (B-1) | target's choices (B)]
+        self.key = torch.zeros(W, dtype=torch.long, device=dev)  # [W] the prompt's noise key, one per slot
+        self.out = torch.zeros(2 * W - 1, dtype=torch.long, device=dev)  # [draft (K) | target's choices (K + 1)]
         self.eos = set(target.eos_ids)
         self.draft = eng.capture(self._draft, "draft")
         self.verify = eng.capture(self._verify, "verify")
@@ -86,27 +90,28 @@ class OnlineDecoder:
         h = self.drafter(
             self.feats[:, : self.eng.view], emb, self.pos[None].to(ddev), backend=self.backend
         )  # [1, 1, B, H]
-        self.out[: self.B - 1] = propose(
-            self.drafter, self.eng.head, h[0, :, 1:].to(self.target.dtype), self.anchor
+        self.out[: self.K] = propose(
+            self.drafter, self.eng.head, h[0, :, self.drafter.cfg.offset :].to(self.target.dtype), self.anchor
         ).tokens[0]
 
     def _verify(self) -> None:
-        write = self.pos + self.slots  # [B] cache positions p .. p+B-1
-        ids = torch.cat([self.anchor, self.out[: self.B - 1]])[None]  # [1, B]
+        write = self.pos + self.slots  # [W] cache positions p .. p+K
+        ids = torch.cat([self.anchor, self.out[: self.K]])[None]  # [1, W]
         self.eng.save_state()
         h, taps = self.eng.forward(ids, write)  # [1, B, H], [1, B, n*H]
         if self.sampling.greedy:
-            self.out[self.B - 1 :] = self.eng.greedy(h[0])
+            self.out[self.K :] = self.eng.greedy(h[0])
         else:  # slot i predicts the token at absolute position p + 1 + i
-            self.out[self.B - 1 :] = pick(self.eng.head(h[0]), self.sampling, self.key, self.pos + 1 + self.slots)
+            self.out[self.K :] = pick(self.eng.head(h[0]), self.sampling, self.key, self.pos + 1 + self.slots)
         self.feats.index_copy_(1, write.to(self.feats.device), taps.to(self.feats.device, self.feats.dtype))
 
     @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int) -> SpecOutput:
-        B, eng = self.B, self.eng
-        if len(prompt) + max_new_tokens + B > eng.max_len:
+        K, W, eng = self.K, self.W, self.eng
+        if len(prompt) + max_new_tokens + self.margin > eng.max_len:
             raise ValueError(
-                f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed the decoder's {eng.max_len - B} positions"
+                f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed the decoder's {eng.max_len - self.margin} "
+                "positions"
             )
         sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
         sync()
@@ -121,7 +126,7 @@ class OnlineDecoder:
         P = len(prompt)
         self.feats[:, :P] = taps.to(self.feats.device, self.feats.dtype)
         gen = [int(first[0])]
-        c = Counters(block_size=B, prompts=1, new_tokens=1)
+        c = Counters(block_size=W, prompts=1, new_tokens=1)
         blocks = []
         pos = P  # anchor position: the cache and the features cover positions < pos
         self.anchor.fill_(gen[0])
@@ -130,11 +135,11 @@ class OnlineDecoder:
         bar.update(1)
         while len(gen) < max_new_tokens and gen[-1] not in self.eos:
             self.draft(view=pos)
-            self.verify(view=pos + B)
+            self.verify(view=pos + W)
             out = self.out.tolist()
-            draft, choice = out[: B - 1], out[B - 1 :]
+            draft, choice = out[:K], out[K:]
             a = 0
-            while a < B - 1 and draft[a] == choice[a]:
+            while a < K and draft[a] == choice[a]:
                 a += 1
             commit = draft[:a] + [choice[a]]
             for i, t in enumerate(commit):  # stop at EOS or the token limit
@@ -149,7 +154,7 @@ class OnlineDecoder:
             gen += commit
             if len(gen) >= max_new_tokens or gen[-1] in self.eos:
                 break
-            if a < B - 1:  # a cut block: recurrent state back to the kept tokens
+            if a < K:  # a cut block: recurrent state back to the kept tokens
                 eng.rollback(pos, kept)
             pos += a + 1
             self.anchor.fill_(gen[-1])

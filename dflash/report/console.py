@@ -21,12 +21,68 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def convention_line(res: EvalResult) -> str:
+    """The convention check (every DFlash-family drafter): τ read in the other slot convention, beside τ."""
+    c, dc = res.convention, res.info.drafter_config
+    other = "DFlash's (row 0 dropped)" if dc.get("dspark_sample_from_anchor", False) else "the anchor convention"
+    return (
+        f"slot convention check: read in {other} ({c.other_width - 1} drafts) τ {fmt(c.other_tau)}; "
+        f"other - served {fmt(c.gain, '+.3f')} ± {fmt(c.gain_se)} (paired SE, z {fmt(c.z, '+.1f')})"
+    )
+
+
+def dspark_lines(res: EvalResult) -> list[str]:
+    """DSpark's extras: the Markov head's gain, τ at each confidence threshold, the confidence head's calibration."""
+    d, m, dc = res.dspark, res.metrics, res.info.drafter_config
+    if d is None:
+        return []
+    g = m.get
+    lines = [
+        f"DSpark ({dc.get('dspark_markov_head_type')} Markov head, rank {dc.get('dspark_markov_rank')}; gamma "
+        f"{dc.get('dspark_gamma')}, sample_from_anchor={str(dc.get('dspark_sample_from_anchor')).lower()}): τ with the "
+        f"whole block verified (SGLang's default) {fmt(g('acceptance_length'))} ± {fmt(g('acceptance_length_se'))}; "
+        f"without the Markov head (base argmax) {fmt(d.tau_unary)} ± {fmt(d.tau_unary_se)}; Markov gain "
+        f"{fmt(d.markov_gain, '+.3f')} ± {fmt(d.markov_gain_se)} (paired SE); verify rate {fmt(d.verify_rate)} "
+        "(committed per token verified)"
+    ]
+    if d.thresholds:
+        lines.append(
+            "confidence threshold t (verify the drafts before the first slot whose confidence is below t):\n"
+            "     t       τ    ± se   vs whole block  ± se   drafts/step  verify rate"
+        )
+        for r in d.thresholds:
+            lines.append(
+                f"  {r.threshold:>4g}  {fmt(r.tau):>6}  {fmt(r.tau_se):>6}  {fmt(r.gain, '+.3f'):>14}  "
+                f"{fmt(r.gain_se):>5}  {fmt(r.drafted_per_step, '.2f'):>11}  {fmt(r.verify_rate):>11}"
+            )
+    if d.slots:
+        lines.append(
+            "confidence head calibration (teacher-forced anchors; predicted = Π σ(logit) over slots 1..k, realised = "
+            f"drafts 1..k all equal the reference): Brier {fmt(d.brier, '.4f')} ± {fmt(d.brier_se, '.4f')} "
+            "(0: perfect; always predicting the realised rate scores its variance)\n"
+            "  slot       n  predicted  realised   brier"
+        )
+        lines += [
+            f"  {c.pos:>4}  {c.n:>6}  {fmt(c.predicted):>9}  {fmt(c.realised):>8}  {fmt(c.brier, '.4f'):>6}"
+            for c in d.slots
+        ]
+        lines.append("  reliability (all slots):   bin          n  predicted  realised")
+        lines += [
+            f"  {'':>25}[{b.lo:.1f}, {b.hi:.1f})  {b.n:>6}  {fmt(b.predicted):>9}  {fmt(b.realised):>8}"
+            for b in d.bins
+            if b.n
+        ]
+    return lines
+
+
 def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samples: Sequence[Sample] = ()) -> str:
     """What a run prints; `samples` (dflash.report.samples.samples_of): the first one's first blocks."""
     m, info = res.metrics, res.info
     g = m.get
+    gamma = info.drafter_config.get("dspark_gamma")
+    block = f"block {info.block_size}" if gamma is None else f"DSpark gamma {gamma}"
     lines = [
-        f"== {info.run_name}  ({info.device}, {info.dtype}, block {info.block_size}, taps {info.target_layer_ids})",
+        f"== {info.run_name}  ({info.device}, {info.dtype}, {block}, taps {info.target_layer_ids})",
         f"acceptance length τ (bonus included, token-weighted): {fmt(g('acceptance_length'))} ± "
         f"{fmt(g('acceptance_length_se'))} (SE over prompts)   "
         f"macro (per-prompt mean): {fmt(g('acceptance_length_macro'))}   expected from accuracy: "
@@ -41,6 +97,9 @@ def summary(res: EvalResult, where: str | None = None, max_blocks: int = 6, samp
             f"(paired SE)   expected: unary {fmt(g('expected_acceptance_length_unary'))}, top-k ceiling "
             f"{fmt(g('expected_acceptance_length_topk'))}"
         )
+    lines += dspark_lines(res)
+    if res.convention is not None:
+        lines.append(convention_line(res))
     if (pl := res.prompt_lookup) is not None:  # the yardstick beside τ
         lines.append(
             f"prompt lookup (vLLM's ngram: n {pl.min_n}..{pl.max_n}, {pl.k} drafted, same references): τ {fmt(pl.tau)} "
@@ -156,6 +215,18 @@ def markdown(res: EvalResult, prompts_label: str, target_name: str) -> str:
         f"{int(m.get('new_tokens') or 0)} new tokens, {int(m.get('steps') or 0)} verify steps; "
         f"references {ref.hits} cached, {ref.generated} generated",
     ]
+    if (d := res.dspark) is not None:
+        lines.append(
+            f"- **DSpark**: τ without the Markov head {fmt(d.tau_unary)}; Markov gain {fmt(d.markov_gain, '+.3f')} ± "
+            f"{fmt(d.markov_gain_se)} (paired SE); "
+            + "; ".join(f"τ at confidence {r.threshold:g} {fmt(r.tau)}" for r in d.thresholds)
+            + (f"; confidence Brier {fmt(d.brier, '.4f')} (`calibration.json`)" if d.slots else "")
+        )
+    if (c := res.convention) is not None:
+        lines.append(
+            f"- **slot convention check**: τ read in the other convention {fmt(c.other_tau)} "
+            f"({fmt(c.gain, '+.3f')} ± {fmt(c.gain_se)}, paired SE)"
+        )
     if "acceptance_length_unary" in m:
         lines.append(
             f"- **DFlash2**: unary τ (argmax, no selector) {fmt(m.get('acceptance_length_unary'))}; selector gain "

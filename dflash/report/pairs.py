@@ -7,8 +7,11 @@ prompt and reference ids), another target or dtype (`RunIdentity`, from the runs
 those tags cannot be checked and is refused too). `compare`
 gives the gap in τ (overall and per subset), in teacher-forced accuracy at slots 1-3 and (both run
 with scores=true) in the reference token's NLL, for two DFlash2 runs in the unary τ and the top-k recall at
-slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), each with its paired SE
-(metrics.paired_ratio_diff;
+slots 1-3 (a τ gap larger than the unary τ gap: the selector gained), for two DSpark runs in the unary τ (the
+block without its Markov head), τ at each confidence threshold both walked and the confidence head's Brier score
+(lower is better), for a DSpark run against a drafter without a confidence head τ at each of its thresholds against
+the other's whole-block τ (what that drafter verifies at any threshold), and for any two runs in τ read in the
+other slot convention, each with its paired SE (metrics.paired_ratio_diff;
 what is undefined stays None, printed "-"); `render` prints it, `compare_artifacts` writes it as CSV
 and a plot of the gaps. Plain functions over typed rows; no MLflow here (the CLI, dflash/cli/compare.py,
 reads the runs through dflash.tracking).
@@ -146,15 +149,58 @@ def compare(pairs: list[Pair]) -> list[CompareRow]:
         )
     if pairs and all(x.tf_nll is not None and y.tf_nll is not None for x, y in pairs):  # both ran with scores=true
         out.append(_row("nll_mean", pairs, lambda r: r.tf_nll, lambda r: sum(r.tf_total)))
-    if pairs and all(x.unary_steps is not None and y.unary_steps is not None for x, y in pairs):  # two DFlash2 runs
+
+    def both(f: str) -> bool:
+        return bool(pairs) and all(getattr(x, f) is not None and getattr(y, f) is not None for x, y in pairs)
+
+    if both("unary_steps"):  # two DFlash2 runs, or two DSpark runs (the block without its Markov head)
         out.append(_row("acceptance_length_unary", pairs, lambda r: r.unary_committed, lambda r: r.unary_steps))
+    if both("tf_topk_hit"):  # two DFlash2 runs
         for k in range(min(3, len(pairs[0][0].tf_total))):
             out.append(
                 _row(
                     f"topk_recall/pos_{k + 1:02d}", pairs, lambda r, k=k: r.tf_topk_hit[k], lambda r, k=k: r.tf_total[k]
                 )
             )
+    if both("thresholds"):  # two DSpark runs: τ at each confidence threshold both walked, the Brier score
+        a, b = pairs[0][0].thresholds, pairs[0][1].thresholds
+        for t in [t for t in a if t in b]:
+            out.append(
+                _row(
+                    f"confidence_threshold/{t:g}",
+                    pairs,
+                    lambda r, t=t: r.thr_committed[_idx(r, t)],
+                    lambda r, t=t: r.thr_steps[_idx(r, t)],
+                )
+            )
+        out.append(_row("confidence_brier", pairs, lambda r: r.cal_sq, lambda r: r.cal_total))
+    elif pairs and (one := _one_side(pairs)) is not None:  # DSpark against a drafter without a confidence head
+        for t in one:  # which verifies its whole block at any threshold: its τ stands against each threshold's τ
+            out.append(
+                _row(
+                    f"confidence_threshold/{t:g}",
+                    pairs,
+                    lambda r, t=t: r.committed if r.thresholds is None else r.thr_committed[_idx(r, t)],
+                    lambda r, t=t: r.steps if r.thresholds is None else r.thr_steps[_idx(r, t)],
+                )
+            )
+    if both("other_steps"):  # the convention check: τ read in the other slot convention
+        out.append(_row("acceptance_length_other", pairs, lambda r: r.other_committed, lambda r: r.other_steps))
     return out
+
+
+def _one_side(pairs: list[Pair]) -> list[float] | None:
+    """The thresholds one side walked (the same on every prompt) where the other side walked none, else None."""
+    for me, other in ((0, 1), (1, 0)):
+        ts = {tuple(p[me].thresholds) if p[me].thresholds is not None else None for p in pairs}
+        if len(ts) == 1 and None not in ts and all(p[other].thresholds is None for p in pairs):
+            return list(next(iter(ts)))
+    return None
+
+
+def _idx(r: PromptRow, t: float) -> int:
+    """Where threshold t sits in a row's thr_* lists."""
+    return r.thresholds.index(t)
 
 
 def _f(x: float | None, spec: str, width: int) -> str:
@@ -173,9 +219,8 @@ def render(name_a: str, name_b: str, n: int, rows: list[CompareRow]) -> str:
             f"{_f(r.se, '.3f', 8)}{_f(r.z, '+.1f', 7)}{verdict}"
         )
     lines.append(
-        "|z| >= 2: a measurable gap (lower NLL is better; higher τ and accuracy are better); -: undefined (no verify "
-        "step, "
-        "an SE over fewer than 2 prompts, z over an SE of 0)"
+        "|z| >= 2: a measurable gap (lower NLL and Brier are better; higher τ and accuracy are better); -: undefined "
+        "(no verify step, an SE over fewer than 2 prompts, z over an SE of 0)"
     )
     return "\n".join(lines)
 

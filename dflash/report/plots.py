@@ -18,6 +18,9 @@ Several runs (a sweep's children, two compared runs):
   an undefined τ is a gap.
 - `curves_png`: one per-position curve per run, overlaid.
 - `gaps_png`: paired gaps B − A per metric with ±2 SE bars (two compared runs).
+
+A training run (dflash.report.training_run): `training_run_figure_png`, τ ± SE by training step beside the
+trainer's own metrics on a second axis, the trainer's best step and the step of best τ marked.
 """
 
 from __future__ import annotations
@@ -181,4 +184,49 @@ def gaps_png(
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title or "paired gaps", fontsize=10)
+    return _png(fig)
+
+
+def training_run_figure_png(
+    steps: Sequence[int],
+    taus: Sequence[float | None],
+    ses: Sequence[float | None],
+    superseded: Sequence[tuple[int, float | None]],
+    trainer: dict[str, Sequence[tuple[int, float]]],
+    unit: str,
+    trainer_best: int | None,
+    tau_best: int | None,
+    title: str = "",
+) -> bytes:
+    """A training run on one chart: τ ± SE by training step (left axis; evaluations a rewind superseded as grey
+    crosses), the trainer's own metrics by step (right axis: {name: [(step, value)]}), the trainer's recorded best
+    step and the step of best τ marked."""
+    fig = Figure(figsize=(8.0, 4.4))
+    ax = fig.add_subplot()
+    ax.errorbar(list(steps), _y(taus), yerr=_y(ses), fmt="o-", capsize=3, color="tab:blue", label="τ ± SE (ours)")
+    if superseded:
+        ax.plot([s for s, _ in superseded], _y([t for _, t in superseded]), "x", color="grey", label="τ, superseded")
+    ax.set_xlabel(f"training step ({unit})")
+    ax.set_ylabel("τ: tokens per verify step (bonus included)", color="tab:blue")
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if trainer:
+        ax2 = ax.twinx()
+        for (name, pts), style in zip(trainer.items(), ("s--", "d:", "^-.")):
+            ax2.plot(
+                [s for s, _ in pts], [v for _, v in pts], style, ms=3, color="tab:orange", label=f"trainer: {name}"
+            )
+        ax2.set_ylabel("the trainer's own metric", color="tab:orange")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    if trainer_best is not None:
+        handles.append(ax.axvline(trainer_best, color="tab:green", ls="--", lw=1))
+        labels.append(f"trainer's best step ({trainer_best})")
+    if tau_best is not None:
+        i = list(steps).index(tau_best)
+        (star,) = ax.plot([tau_best], [taus[i]], "*", ms=14, color="tab:red")
+        handles.append(star)
+        labels.append(f"best τ (step {tau_best})")
+    ax.legend(handles, labels, fontsize=7, loc="best")
+    ax.set_title(title or "τ by training step", fontsize=10)
     return _png(fig)

@@ -10,7 +10,8 @@ MLflow's artifact viewer shows it as is): per prompt, the reference token by tok
 step boxed, its accepted drafted tokens, the drafter's first rejected token (struck through, its
 whole rejected draft in the tooltip) and the bonus token in colour; a legend; the prompt's τ.
 DFlash2 drafters: a drafted token the selector's walk chose over the unary top-1 (`SampleStep.reranked`)
-is outlined, the unary top-1 in its tooltip.
+is outlined, the unary top-1 in its tooltip; DSpark drafters likewise where the Markov head changed the base argmax,
+and each drafted token's tooltip gives the confidence head's predicted acceptance.
 Prompt and model text is untrusted: every piece goes through html.escape.
 
 Decoding: byte-level BPE splits a character over several tokens, and some tokenizers drop a
@@ -72,7 +73,8 @@ class SampleStep:
     unary: list[str] | None = None  # DFlash2: the unary top-1 at the same slots, decoded
     reranked: list[int] = field(
         default_factory=list
-    )  # DFlash2: 0-based slots where the walk chose other than the unary top-1
+    )  # DFlash2 / DSpark: 0-based slots where the walk chose other than the unary top-1
+    accept_p: list[float] | None = None  # DSpark: the confidence head's σ(logit) at each drafted slot
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def sample_record(p: Prompt, prompt_ids: list[int], reference_ids: list[int], bl
                 ref[b.anchor_pos + b.accepted + 1 - P] if has_bonus else None,
                 unary,
                 reranked,
+                None if b.accept_p is None else [round(float(x), 4) for x in b.accept_p[: len(b.proposal)]],
             )
         )
     return Sample(
@@ -160,12 +163,21 @@ SELECTOR_LEGEND = (
     '<p class="legend"><span class="acc sel">selector&#x27;s choice</span>DFlash2: a drafted token the '
     "candidate selector chose over the unary top-1 (hover it for the unary top-1).</p>"
 )
+MARKOV_LEGEND = (
+    '<p class="legend"><span class="acc sel">Markov head&#x27;s choice</span>DSpark: a drafted token the '
+    "Markov head chose over the base argmax (hover it for the base argmax); every drafted token&#x27;s tooltip "
+    "gives the confidence head&#x27;s predicted acceptance.</p>"
+)
 
 
 def _selected(b: SampleStep, k: int, cls: str, title: str) -> tuple[str, str]:
-    """Slot k's class and tooltip, marked where the selector's walk chose other than the unary top-1."""
+    """Slot k's class and tooltip, marked where the walk (DFlash2's selector, DSpark's Markov head) chose other than
+    the unary top-1; DSpark: the slot's confidence in the tooltip."""
+    if b.accept_p is not None and k < len(b.accept_p):
+        title = f"{title}; confidence {b.accept_p[k]:.3f}"
     if k in b.reranked and b.unary is not None:
-        return f"{cls} sel", f"{title}; the selector chose it over the unary top-1 {b.unary[k]!r}"
+        who = "the Markov head" if b.accept_p is not None else "the selector"
+        return f"{cls} sel", f"{title}; {who} chose it over the unary top-1 {b.unary[k]!r}"
     return cls, title
 
 
@@ -217,7 +229,12 @@ def samples_html(records: list[Sample], title: str = "") -> str:
             f'<div class="text">{_reference_html(r)}</div></section>'
         )
     head = f"Samples{': ' + e(title) if title else ''}"
-    sel = SELECTOR_LEGEND if any(b.unary is not None for r in records for b in r.blocks) else ""
+    markov = any(b.accept_p is not None for r in records for b in r.blocks)
+    sel = (
+        (MARKOV_LEGEND if markov else SELECTOR_LEGEND)
+        if any(b.unary is not None for r in records for b in r.blocks)
+        else ""
+    )
     return (
         f'<!doctype html><html><head><meta charset="utf-8"><title>{head}</title><style>{CSS}</style></head><body>'
         f'<h1>{head}</h1>{LEGEND}{sel}<table class="toc">{toc}</table>{"".join(body)}</body></html>\n'

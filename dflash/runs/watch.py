@@ -1,48 +1,25 @@
-"""A training run's folder as a follower sees it: which step folders are there and which are complete.
+"""A training run's folder as a follower sees it: which step folders are there and which are ready to read.
 
-`scan(run_dir)` lists the `step_<N>/` folders with what each holds (names, sizes, modification times) and why
-it cannot be read yet (dflash.models.drafter.files.incomplete: a writer's temporary file, a torch zip
-without its central directory, a safetensors file shorter than its header names). `Settle` remembers when
-each folder last changed and calls it ready once it is complete and unchanged for `settle_s` seconds: a
-trainer that writes in place (not by rename, as dflash.train does) may pause between files. Pure of time:
+`scan(run_dir)` (dflash.models.drafter.layouts: every layout's step folders, with what each holds, names, sizes and
+modification times, and why it cannot be read yet). `Settle` remembers when each step last changed and calls it
+ready once it is complete and unchanged for `settle_s` seconds: a trainer that writes in place (not by rename, as
+dflash.train and SpecForge's unified trainer do) may pause between files. `settled(f, now, settle_s)`: the same
+question for a run read once (no follower): its newest file older than `settle_s` by the wall clock. Pure of time:
 the caller passes the clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from dflash.models.drafter.files import incomplete, list_steps
+from dflash.models.drafter.layouts import StepFolder, scan
 
-
-@dataclass(frozen=True)
-class StepFolder:
-    step: int
-    path: Path
-    files: tuple[tuple[str, int, int], ...]  # (name, size, mtime_ns), sorted: changes when anything is written
-    why_not: str | None  # None: complete
+__all__ = ["Settle", "StepFolder", "scan", "settled"]
 
 
-def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:
-    out = []
-    for p in sorted(folder.rglob("*")):
-        try:
-            st = p.stat()
-        except OSError:  # removed while listed (a temporary file renamed)
-            continue
-        out.append((str(p.relative_to(folder)), st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
-def scan(run_dir: Path) -> list[StepFolder]:
-    """The step folders of a run, by step."""
-    out = []
-    for s in list_steps(run_dir):
-        d = run_dir / f"step_{s}"
-        if d.is_dir():
-            out.append(StepFolder(s, d, _files(d), incomplete(d)))
-    return out
+def settled(f: StepFolder, now_s: float, settle_s: float) -> bool:
+    """Whether a step folder's files are older than `settle_s` (wall clock, seconds since the epoch)."""
+    return now_s - f.newest_ns / 1e9 >= settle_s
 
 
 @dataclass

@@ -23,6 +23,20 @@ Conventions (named here; dflash.tracking logs them under these names):
   same prompts: `paired_ratio_diff` gives the SE of their τ gap, smaller than either τ's SE since
   what is hard about a prompt is hard for both (`dflash-compare`).
 
+DSpark drafters (`Counters.markov`, `dspark_summary`; names: dflash/tracking/record.py, docs/dspark.md):
+- the Markov head's gain: τ - τ of the base argmax's own walk (the same block without the head), paired SE;
+- per confidence threshold t (`Counters.thresholds`): τ of the walk that verifies only the drafts before the
+  first slot whose confidence σ(logit) is below t, its paired gain on the whole block, drafts verified per
+  step and the verify rate (tokens committed per token the target verifies);
+- calibration, at the teacher-forced anchors: per slot k the predicted Π_{i<=k} σ(logit_i) against whether
+  drafts 1..k all equal the reference (`acceptance_predicted` / `acceptance_realised` curves), a reliability
+  table over CAL_BINS bins, and the Brier score (mean squared error of those predictions). Brier, not ECE:
+  it is a proper score and a sum over anchors, so it comes from summed counters with an SE over prompts as
+  every other figure here, with no choice of bins; the reliability table shows what ECE would summarise.
+The convention check (`convention_check`, every DFlash-family drafter): τ of the same drafter read in the
+other slot convention (the anchor convention for DFlash; DFlash's for DSpark), from the same drafter passes,
+and its paired gap to τ.
+
 DFlash2 drafters (`Counters.selector`; the rows are absent for DFlash, not 0), from the same drafter passes:
 - `acceptance_length_unary`: τ of the same replay walking the unary argmax (the drafter without its
   selector; `unary_steps`, `unary_committed`); `selector_gain` = τ - unary τ, `selector_gain_se` its
@@ -63,13 +77,32 @@ class Counters:
     tf_nll: list[float] = field(default_factory=list)  # [B-1]: sum of -log p(reference token) at slot k
     tf_conf: list[float] = field(default_factory=list)  # [B-1]: sum of the top-1 probability at slot k
     selector: bool = False  # DFlash2: the unary walk and the unary top-k are counted too (the fields below)
+    markov: bool = False  # DSpark: the unary walk (the base argmax: the block without its Markov head) is counted
     unary_steps: int = 0  # verify steps of the same replay walking the unary argmax
     unary_committed: int = 0  # tokens it committed (capped as `committed`)
-    tf_unary_correct: list[int] = field(default_factory=list)  # [B-1] (selector only): teacher-forced unary top-1 hits
+    tf_unary_correct: list[int] = field(default_factory=list)  # [B-1] (selector, markov): teacher-forced unary hits
     tf_topk_hit: list[int] = field(default_factory=list)  # [B-1] (selector only): reference token among the unary top-k
+    # DSpark's confidence head: the threshold walks (verify up to the first slot below t) and its calibration
+    confidence: bool = False
+    thresholds: list[float] = field(default_factory=list)  # the t walked, one entry of each thr_* list per t
+    thr_steps: list[int] = field(default_factory=list)
+    thr_committed: list[int] = field(default_factory=list)
+    thr_accepted: list[int] = field(default_factory=list)
+    thr_drafted: list[int] = field(default_factory=list)  # Σ n_t: the drafts verified
+    cal_total: list[int] = field(default_factory=list)  # [B-1]: anchors with a label at slot k (teacher-forced)
+    cal_hit: list[int] = field(default_factory=list)  # [B-1]: ... whose drafts 1..k all equal the reference
+    cal_pred: list[float] = field(default_factory=list)  # [B-1]: Σ predicted (Π_{i<=k} confidence_i)
+    cal_sq: list[float] = field(default_factory=list)  # [B-1]: Σ (predicted - hit)²: the Brier score's numerator
+    bin_total: list[int] = field(default_factory=list)  # [CAL_BINS]: the reliability table, all slots pooled
+    bin_pred: list[float] = field(default_factory=list)
+    bin_hit: list[int] = field(default_factory=list)
+    # the other slot convention's walk over the same references (the convention check); other_width 0: not walked
+    other_width: int = 0
+    other_steps: int = 0
+    other_committed: int = 0
 
     def __post_init__(self):
-        K = self.block_size - 1
+        K, n_t = self.block_size - 1, len(self.thresholds)
         for name, n in (
             ("accepted_at_pos", K),
             ("commit_hist", K + 2),
@@ -77,32 +110,36 @@ class Counters:
             ("tf_total", K),
             ("tf_nll", K),
             ("tf_conf", K),
-            *((("tf_unary_correct", K), ("tf_topk_hit", K)) if self.selector else ()),
+            *((("tf_unary_correct", K),) if self.selector or self.markov else ()),
+            *((("tf_topk_hit", K),) if self.selector else ()),
+            *((f"thr_{x}", n_t) for x in ("steps", "committed", "accepted", "drafted")),
+            *(((f"cal_{x}", K) for x in ("total", "hit", "pred", "sq")) if self.confidence else ()),
+            *(((f"bin_{x}", CAL_BINS) for x in ("total", "pred", "hit")) if self.confidence else ()),
         ):
             if not getattr(self, name):
-                setattr(self, name, [0.0 if name in ("tf_nll", "tf_conf") else 0] * n)
+                setattr(self, name, [0.0 if name in FLOAT_LISTS else 0] * n)
 
     def __add__(self, o: "Counters") -> "Counters":
-        assert self.block_size == o.block_size and self.selector == o.selector
+        assert all(getattr(self, n) == getattr(o, n) for n in FIXED), "counters of different replays"
         kw = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(o, f.name)
-            kw[f.name] = (
-                a
-                if f.name in ("block_size", "selector")
-                else [x + y for x, y in zip(a, b)]
-                if isinstance(a, list)
-                else a + b
-            )
+            kw[f.name] = a if f.name in FIXED else [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
         return Counters(**kw)
 
 
-def count_step(c: Counters, accepted: int, committed: int) -> None:
+CAL_BINS = 10  # the reliability table's bins of predicted acceptance, [0, 0.1), ..., [0.9, 1]
+FLOAT_LISTS = ("tf_nll", "tf_conf", "cal_pred", "cal_sq", "bin_pred")
+FIXED = ("block_size", "selector", "markov", "confidence", "thresholds", "other_width")  # what a replay is, not counts
+
+
+def count_step(c: Counters, accepted: int, committed: int, drafted: int | None = None) -> None:
     """One verify step into the counters, the same for the offline replay and the online loop: `accepted`
     drafted tokens taken, `committed` tokens committed (accepted + bonus, capped where the reference or the
-    generation ends); the uncapped side counts accepted + 1, as z-lab's original loop does."""
+    generation ends); the uncapped side counts accepted + 1, as z-lab's original loop does. `drafted`: the
+    drafts verified (default: the whole block, B - 1)."""
     c.steps += 1
-    c.drafted += c.block_size - 1
+    c.drafted += c.block_size - 1 if drafted is None else drafted
     c.accepted += accepted
     c.committed += committed
     c.committed_uncapped += accepted + 1
@@ -137,18 +174,27 @@ class PromptRow:
     tf_nll: Optional[float]  # Σ -log p(reference token) over every anchor and slot; None without scores=true
     prompt_digest: str  # ids_digest of the rendered prompt ids (template, system prompt, tokenizer)
     reference_digest: str  # ids_digest of the reference ids (target, dtype, server, sampling)
-    # DFlash2 (Counters.selector); absent from per_prompt.json for DFlash, not null
+    # DFlash2 (Counters.selector) and DSpark (Counters.markov; no top-k); absent from per_prompt.json otherwise
     unary_steps: Optional[int] = None  # the unary argmax's own walk: verify steps
     unary_committed: Optional[int] = None  # and tokens committed
     tf_unary_correct: Optional[list[int]] = None  # [B-1] teacher-forced unary top-1 hits
     tf_topk_hit: Optional[list[int]] = None  # [B-1] reference token among the unary top-k
+    # the other slot convention's walk (the convention check; absent where it was not walked)
+    other_steps: Optional[int] = None
+    other_committed: Optional[int] = None
+    # DSpark's confidence head: the threshold walks (one entry per threshold) and the Brier score's counts
+    thresholds: Optional[list[float]] = None
+    thr_steps: Optional[list[int]] = None
+    thr_committed: Optional[list[int]] = None
+    cal_sq: Optional[float] = None  # Σ (predicted - realised)² over every teacher-forced anchor and slot
+    cal_total: Optional[int] = None  # the anchors and slots counted
 
     @property
     def acceptance_length(self) -> Rate:
         return ratio(self.committed, self.steps)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if v is not None or k not in SELECTOR_ROW}
+        d = {k: v for k, v in asdict(self).items() if v is not None or k not in OPTIONAL_ROW}
         return {
             **{k: d.pop(k) for k in ("id", "subset", "prompt_tokens", "new_tokens", "steps", "committed")},
             "acceptance_length": self.acceptance_length,
@@ -158,10 +204,20 @@ class PromptRow:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PromptRow":
         """A row read back from per_prompt.json; KeyError names a field an older dflash-eval did not log."""
-        return cls(**{f.name: d.get(f.name) if f.name in SELECTOR_ROW else d[f.name] for f in fields(cls)})
+        return cls(**{f.name: d.get(f.name) if f.name in OPTIONAL_ROW else d[f.name] for f in fields(cls)})
 
 
 SELECTOR_ROW = ("unary_steps", "unary_committed", "tf_unary_correct", "tf_topk_hit")  # PromptRow's DFlash2 fields
+OPTIONAL_ROW = (
+    *SELECTOR_ROW,
+    "other_steps",
+    "other_committed",
+    "thresholds",
+    "thr_steps",
+    "thr_committed",
+    "cal_sq",
+    "cal_total",
+)  # PromptRow's fields a replay may not have counted (absent, not null)
 
 
 def row_counters(rows: list[PromptRow]) -> Counters:
@@ -279,6 +335,173 @@ def selector_rows(per_prompt: list[Counters], total: Counters) -> dict[str, Rate
     }
 
 
+def markov_rows(per_prompt: list[Counters], total: Counters) -> dict[str, Rate]:
+    """DSpark's Markov head: τ of the base argmax's own walk (the block without the head) and the head's gain over it,
+    with its paired SE over prompts (as `selector_rows` for DFlash2's selector)."""
+    gain, se = paired_ratio_diff(
+        [c.unary_committed for c in per_prompt],
+        [c.unary_steps for c in per_prompt],
+        [c.committed for c in per_prompt],
+        [c.steps for c in per_prompt],
+    )
+    return {
+        "tau_unary": ratio(total.unary_committed, total.unary_steps),
+        "tau_unary_se": ratio_se([c.unary_committed for c in per_prompt], [c.unary_steps for c in per_prompt]),
+        "gain": gain,
+        "gain_se": se,
+        "expected_unary": expected_acceptance_length(unary_accuracy(total)),
+    }
+
+
+@dataclass(frozen=True)
+class ThresholdRow:
+    """τ of the walk that verifies only the drafts before the first slot whose confidence is below `threshold`."""
+
+    threshold: float
+    tau: Rate
+    tau_se: Rate
+    gain: Rate  # τ - the whole block's τ, paired over prompts (<= 0 unless truncation changes the anchors visited)
+    gain_se: Rate
+    drafted_per_step: Rate  # drafts verified per step (DeepSpec's draft_tokens_per_proposal)
+    verify_rate: Rate  # tokens committed per token the target verifies: committed / (drafts verified + steps)
+
+
+@dataclass(frozen=True)
+class SlotCalibration:
+    """Slot k: the confidence head's predicted acceptance (Π_{i<=k} σ(logit_i)) against the realised one."""
+
+    pos: int
+    n: int  # teacher-forced anchors with a label at slot k
+    predicted: Rate  # mean predicted probability that drafts 1..k are all accepted
+    realised: Rate  # the share of anchors where they all equal the reference
+    brier: Rate  # mean (predicted - realised)²
+
+
+@dataclass(frozen=True)
+class BinCalibration:
+    """One bin of the reliability table (predicted in [lo, hi), all slots pooled)."""
+
+    lo: float
+    hi: float
+    n: int
+    predicted: Rate
+    realised: Rate
+
+
+@dataclass(frozen=True)
+class DSparkSummary:
+    """What a DSpark drafter adds to τ: the Markov head's gain, the confidence-threshold walks, the calibration."""
+
+    tau_unary: Rate  # the base argmax's walk: the same block without the Markov head
+    tau_unary_se: Rate
+    markov_gain: Rate  # τ - tau_unary, paired over prompts
+    markov_gain_se: Rate
+    expected_unary: Rate  # 1 + Σ Π unary accuracy
+    drafted_per_step: Rate  # the whole block: gamma
+    verify_rate: Rate  # the whole block's committed / (drafted + steps)
+    thresholds: list[ThresholdRow] = field(default_factory=list)
+    slots: list[SlotCalibration] = field(default_factory=list)  # empty without a confidence head
+    bins: list[BinCalibration] = field(default_factory=list)
+    brier: Rate = None  # the Brier score over every slot and anchor (module docstring: why Brier)
+    brier_se: Rate = None
+
+
+def dspark_summary(per_prompt: list[Counters], total: Counters) -> DSparkSummary | None:
+    """A DSpark replay's summary from its counters (None for other drafters)."""
+    if not total.markov:
+        return None
+    m = markov_rows(per_prompt, total)
+    rows = []
+    for i, t in enumerate(total.thresholds):
+        gain, se = paired_ratio_diff(
+            [c.committed for c in per_prompt],
+            [c.steps for c in per_prompt],
+            [c.thr_committed[i] for c in per_prompt],
+            [c.thr_steps[i] for c in per_prompt],
+        )
+        rows.append(
+            ThresholdRow(
+                t,
+                ratio(total.thr_committed[i], total.thr_steps[i]),
+                ratio_se([c.thr_committed[i] for c in per_prompt], [c.thr_steps[i] for c in per_prompt]),
+                gain,
+                se,
+                ratio(total.thr_drafted[i], total.thr_steps[i]),
+                ratio(total.thr_committed[i], total.thr_drafted[i] + total.thr_steps[i]),
+            )
+        )
+    slots, bins, brier, brier_se = [], [], None, None
+    if total.confidence:
+        slots = [
+            SlotCalibration(
+                k + 1,
+                total.cal_total[k],
+                ratio(total.cal_pred[k], total.cal_total[k]),
+                ratio(total.cal_hit[k], total.cal_total[k]),
+                ratio(total.cal_sq[k], total.cal_total[k]),
+            )
+            for k in range(total.block_size - 1)
+        ]
+        bins = [
+            BinCalibration(
+                b / CAL_BINS,
+                (b + 1) / CAL_BINS,
+                total.bin_total[b],
+                ratio(total.bin_pred[b], total.bin_total[b]),
+                ratio(total.bin_hit[b], total.bin_total[b]),
+            )
+            for b in range(CAL_BINS)
+        ]
+        brier = ratio(sum(total.cal_sq), sum(total.cal_total))
+        brier_se = ratio_se([sum(c.cal_sq) for c in per_prompt], [sum(c.cal_total) for c in per_prompt])
+    return DSparkSummary(
+        m["tau_unary"],
+        m["tau_unary_se"],
+        m["gain"],
+        m["gain_se"],
+        m["expected_unary"],
+        ratio(total.drafted, total.steps),
+        ratio(total.committed, total.drafted + total.steps),
+        rows,
+        slots,
+        bins,
+        brier,
+        brier_se,
+    )
+
+
+@dataclass(frozen=True)
+class ConventionCheck:
+    """τ of the drafter read in the other slot convention, from the same drafter passes, against the served τ."""
+
+    tau: Rate  # as read (the served convention)
+    other_tau: Rate  # read in the other convention
+    gain: Rate  # other_tau - tau, paired over prompts
+    gain_se: Rate
+    z: Rate  # gain / gain_se
+    other_width: int  # the other convention's verify width (its proposals + 1)
+
+
+def convention_check(per_prompt: list[Counters]) -> ConventionCheck | None:
+    """The other slot convention's τ against the served one (None where it was not walked)."""
+    if not per_prompt or not per_prompt[0].other_width:
+        return None
+    gain, se = paired_ratio_diff(
+        [c.committed for c in per_prompt],
+        [c.steps for c in per_prompt],
+        [c.other_committed for c in per_prompt],
+        [c.other_steps for c in per_prompt],
+    )
+    return ConventionCheck(
+        ratio(sum(c.committed for c in per_prompt), sum(c.steps for c in per_prompt)),
+        ratio(sum(c.other_committed for c in per_prompt), sum(c.other_steps for c in per_prompt)),
+        gain,
+        se,
+        gain / se if gain is not None and se else None,
+        per_prompt[0].other_width,
+    )
+
+
 def commit_share(c: Counters) -> list[Rate]:
     """Per c = 1..B: the share of verify steps that committed c tokens (index c-1)."""
     return [ratio(n, c.steps) for n in c.commit_hist[1:]]
@@ -290,6 +513,13 @@ def position_curves(c: Counters) -> dict[str, list[Rate]]:
     out = {"accept_rate": accept_rate(c), "accept_rate_cond": accept_rate_cond(c), "accuracy": accuracy(c)}
     if c.selector:
         out.update(unary_accuracy=unary_accuracy(c), topk_recall=topk_recall(c))
+    if c.markov:
+        out.update(unary_accuracy=unary_accuracy(c))
+    if c.confidence:  # the confidence head's calibration per slot (teacher-forced anchors)
+        out.update(
+            acceptance_predicted=[ratio(p, n) for p, n in zip(c.cal_pred, c.cal_total)],
+            acceptance_realised=[ratio(h, n) for h, n in zip(c.cal_hit, c.cal_total)],
+        )
     if scored(c):
         out.update(nll=nll(c), confidence=confidence(c))
     return out
@@ -299,7 +529,8 @@ def position_table(c: Counters) -> list[dict[str, Any]]:
     """One row per draft slot: every per-slot rate (None where undefined) and the counts behind it."""
     curves = position_curves(c)
     reached = [c.steps] + c.accepted_at_pos[:-1]
-    sel = ("tf_unary_correct", "tf_topk_hit") if c.selector else ()
+    sel = ("tf_unary_correct", "tf_topk_hit") if c.selector else ("tf_unary_correct",) if c.markov else ()
+    sel += ("cal_total", "cal_hit", "cal_pred", "cal_sq") if c.confidence else ()
     return [
         {
             "pos": k + 1,

@@ -21,7 +21,10 @@ Layout (what dflash-eval logs through `Run`; docs/metrics.md and docs/mlflow.md)
   setting are children of one parent (tag `dflash.series_id`, a digest of that identity; role
   `training_run`), which holds one point per step on its curves (MLflow step = training step: τ micro,
   macro, per subset, expected τ, accuracy at slots 1-3, other τ-like scalars a child logs) and the
-  trainer's own metrics under `train/`. A step whose checkpoint digest a finished child holds is skipped.
+  trainer's own metrics under `train/` (`train_name`: a name already there kept) and a picture of both
+  (`TRAINING_CHART`). A step whose checkpoint digest a finished child holds is skipped. A rewind (a step rewritten
+  with other weights) marks the old timeline's children `dflash.superseded_by` (`supersede`) and continues the
+  parent as a new lineage holding the points before it (`new_lineage`; `series_children` reads every lineage's).
 - Sweeps: every job of one `-m` sweep is a child of one parent run per experiment, found by the
   sweep's unique id (tag `dflash.sweep_id`, see dflash/cli/app.py), never by its folder. Both families
   live in dflash/tracking/parents.py. At the end
@@ -47,15 +50,22 @@ from dflash.tracking.parents import (
     BEST_CHILD_TAG,
     FAILED_JOBS_TAG,
     JOBS_TAG,
+    LINEAGE_TAG,
+    REPLACED_BY_TAG,
     RUN_DIR_TAG,
+    SUPERSEDED_TAG,
     ChildRun,
     ParentRun,
     SweepFamily,
     TrainingRunFamily,
+    adopt,
     children,
     evaluated_steps,
     finish_parent,
+    new_lineage,
     open_parent,
+    series_children,
+    supersede,
     sweep_parents,
 )
 from dflash.tracking.record import (
@@ -67,18 +77,23 @@ from dflash.tracking.record import (
     GROUP_TAG,
     JOB_TAG,
     KILLED_TAG,
+    ORIGIN_TAG,
     OVERRIDES_TAG,
     PER_PROMPT,
     PROMPT_LOOKUP_TAU,
     TAU,
     TRAIN,
+    TRAINER_BEST_TAG,
+    TRAINING_CHART,
     Dataset,
     EvalRecord,
     RunTags,
+    dspark_metrics,
     log_eval,
     prompt_dataset,
     prompt_lookup_metrics,
     series_point,
+    train_name,
     train_tags,
 )
 from dflash.tracking.run import NoRun, Run, flatten, log_files
@@ -102,6 +117,7 @@ from dflash.tracking.store import (
     run_tags,
     start_ticks,
     store_lock,
+    trainer_runs,
 )
 from dflash.tracking.view import (
     TRAINING_VIEW_KEY,
@@ -125,6 +141,12 @@ __all__ = [
     "JOBS_TAG",
     "JOB_TAG",
     "KILLED_TAG",
+    "LINEAGE_TAG",
+    "ORIGIN_TAG",
+    "REPLACED_BY_TAG",
+    "SUPERSEDED_TAG",
+    "TRAINER_BEST_TAG",
+    "TRAINING_CHART",
     "OVERRIDES_TAG",
     "PER_PROMPT",
     "PID_START_TAG",
@@ -150,7 +172,12 @@ __all__ = [
     "RunTags",
     "SweepFamily",
     "TrainingRunFamily",
+    "adopt",
     "children",
+    "new_lineage",
+    "series_children",
+    "supersede",
+    "train_name",
     "ensure_experiment",
     "eval_view",
     "evaluated_steps",
@@ -158,6 +185,7 @@ __all__ = [
     "finish_parent",
     "flatten",
     "load_per_prompt",
+    "dspark_metrics",
     "log_eval",
     "log_files",
     "main",
@@ -169,6 +197,7 @@ __all__ = [
     "prompt_lookup_metrics",
     "reap",
     "train_tags",
+    "trainer_runs",
     "run_tags",
     "series_point",
     "setup_eval_experiment",

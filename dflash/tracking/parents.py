@@ -48,6 +48,9 @@ from dflash.util.errors import TrackingError
 
 SWEEP_DIR_TAG = "dflash.sweep_dir"
 RUN_DIR_TAG = "dflash.run_dir"  # a training run's parent: the folder its steps come from
+LINEAGE_TAG = "dflash.lineage"  # a training run's parent: 0, 1, ...: a new parent each time the trainer rewound the run
+REPLACED_BY_TAG = "dflash.replaced_by"  # an earlier lineage's parent: the parent that goes on from it
+SUPERSEDED_TAG = "dflash.superseded_by"  # a step's child whose weights the trainer rewrote or dropped (a rewind)
 BEST_CHILD_TAG = "dflash.best_child"
 JOBS_TAG, FAILED_JOBS_TAG = (
     "dflash.jobs",
@@ -96,13 +99,15 @@ class TrainingRunFamily:
     note: str = ""
 
     def parent_run(self, client, experiment_id: str) -> str:
+        """The parent of the run's newest lineage (created if there is none)."""
         found = client.search_runs(
             [experiment_id],
             f"tags.`{SERIES_TAG}` = '{self.id}' and tags.`{ROLE_TAG}` = '{TRAINING_RUN}'",
-            max_results=1,
+            max_results=100,
         )
-        if found:
-            return found[0].info.run_id
+        live = [r for r in found if REPLACED_BY_TAG not in r.data.tags]
+        if live:
+            return max(live, key=lambda r: int(r.data.tags.get(LINEAGE_TAG, 0))).info.run_id
         tags = {
             SERIES_TAG: self.id,
             ROLE_TAG: TRAINING_RUN,
@@ -140,6 +145,8 @@ class ChildRun:
     metrics: dict[str, float] = field(default_factory=dict)  # its scalars' last values
     step: int | None = None  # a training run's child: the drafter's step
     sha256: str | None = None  # its checkpoint's digest
+    superseded_by: str | None = None  # a training run's child whose step the trainer rewrote: what replaced it
+    tags: dict[str, str] = field(default_factory=dict)
 
     @property
     def prompt_lookup_tau(self) -> float | None:
@@ -169,6 +176,8 @@ def _child(uri: str, k, rows: bool) -> ChildRun:
         dict(k.data.metrics),
         int(step) if step not in (None, "None", "") else None,
         t.get(CHECKPOINT_SHA_TAG),
+        t.get(SUPERSEDED_TAG),
+        dict(t),
     )
 
 
@@ -193,13 +202,67 @@ def sweep_parents(uri: str, sweep_id: str) -> list[ParentRun]:
     return [ParentRun(p.info.run_name, p.info.run_id, children(uri, p.info.run_id)) for p in found]
 
 
-def evaluated_steps(uri: str, parent_id: str) -> dict[str, int]:
-    """A training run's parent: checkpoint digest -> step, over its FINISHED children (what a new invocation skips)."""
+def series_children(uri: str, parent_id: str) -> list[ChildRun]:
+    """A training run's children, of every lineage (found by the series tag the parent and its children share), by
+    step; no per-prompt rows."""
+    client = mlflow_client(uri)
+    p = client.get_run(parent_id)
+    sid = p.data.tags.get(SERIES_TAG)
+    if sid is None:
+        return children(uri, parent_id, rows=False)
+    found = client.search_runs([p.info.experiment_id], f"tags.`{SERIES_TAG}` = '{sid}'", max_results=5000)
+    kids = [_child(uri, k, False) for k in found if k.data.tags.get(ROLE_TAG) is None]
+    return sorted(kids, key=lambda c: (c.step if c.step is not None else -1, c.run_id))
+
+
+def evaluated_steps(uri: str, parent_id: str) -> dict[str, tuple[int, str]]:
+    """A training run's parent: checkpoint digest -> (step, child run id), over its FINISHED children of every
+    lineage that no rewind superseded (what a new invocation skips)."""
     return {
-        c.sha256: c.step
-        for c in children(uri, parent_id, rows=False)
-        if c.status == "FINISHED" and c.sha256 and c.step is not None
+        c.sha256: (c.step, c.run_id)
+        for c in series_children(uri, parent_id)
+        if c.status == "FINISHED" and c.sha256 and c.step is not None and c.superseded_by is None
     }
+
+
+def supersede(uri: str, run_ids: list[str], by: str) -> None:
+    """Mark children superseded (the trainer rewrote or dropped their step in a rewind): `by`, what replaced them."""
+    client = mlflow_client(uri)
+    for r in run_ids:
+        client.set_tag(r, SUPERSEDED_TAG, by)
+
+
+def new_lineage(uri: str, parent_id: str, below: int, note: str) -> str:
+    """A rewind: a new parent for the training run (lineage + 1), holding the old parent's points at steps below
+    `below` (MLflow's curves only grow, so the rewound steps' points cannot leave the old one), which ends FINISHED
+    tagged with its successor -> the new parent's id."""
+    from mlflow.entities import Metric
+
+    with store_lock(uri):
+        client = open_store(uri)
+        old = client.get_run(parent_id)
+        t = old.data.tags
+        n = int(t.get(LINEAGE_TAG, 0)) + 1
+        keep = {k: t[k] for k in (SERIES_TAG, ROLE_TAG, RUN_DIR_TAG) if k in t}
+        tags = {**keep, LINEAGE_TAG: str(n), **source_tags(), **process_tags(), NOTE_TAG: note}
+        new = client.create_run(old.info.experiment_id, run_name=old.info.run_name, tags=tags).info.run_id
+    points = [
+        Metric(k, m.value, m.timestamp, m.step)
+        for k in old.data.metrics
+        for m in client.get_metric_history(parent_id, k)
+        if m.step < below
+    ]
+    for i in range(0, len(points), 1000):
+        client.log_batch(new, metrics=points[i : i + 1000])
+    client.set_tag(parent_id, REPLACED_BY_TAG, new)
+    client.set_tag(parent_id, NOTE_TAG, f"Rewound at step {below}: the run goes on in parent {new} (lineage {n}).")
+    client.set_terminated(parent_id, "FINISHED")
+    return new
+
+
+def adopt(uri: str, child_id: str, parent_id: str) -> None:
+    """Move a child under another parent (a step evaluated just before its run's new lineage began)."""
+    mlflow_client(uri).set_tag(child_id, PARENT_TAG, parent_id)
 
 
 def finish_parent(

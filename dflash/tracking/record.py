@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dflash.result import EvalResult, PromptLookup, per_prompt_row
@@ -20,6 +20,7 @@ from dflash.result import EvalResult, PromptLookup, per_prompt_row
 CHECKPOINT_PATH_TAG = "checkpoint_path"
 CHECKPOINT_SHA_TAG = "checkpoint_sha256"  # a training run's parent matches steps already evaluated by it
 DRAFTER_STEP_TAG = "drafter_step"
+ORIGIN_TAG = "checkpoint."  # + layout | step_unit (micro_batch: SpecForge's legacy steps) | epoch | run_id | folders
 DEVICE_TAG, DTYPE_TAG = "device", "dtype"
 TARGET_TAG = "target_identity"
 WARNINGS_TAG = "warnings"
@@ -83,6 +84,69 @@ DFLASH2_SPECFORGE = {  # our MLflow name -> SpecForge's training metric (K = sel
     f"{BY_POSITION}accuracy": "dflash2/selector/self_conditioned_marginal_accuracy, position_<j> (the walk's)",
     f"{BY_POSITION}topk_recall": "dflash/hard_label/unary_topK_recall, position_<j>",
 }
+
+
+# DSpark drafters' extras (dflash/stages/metrics.py: dspark_summary; docs/dspark.md); absent for other drafters
+MARKOV_GAIN = "markov_gain"  # τ - τ of the base argmax's walk (TAU_UNARY: the same block without the Markov head)
+CONFIDENCE = "confidence_threshold/"  # + <t>/ + acceptance_length | acceptance_length_se | gain | gain_se | ...
+BRIER = "confidence_brier"  # the confidence head's Brier score over every slot and anchor, with BRIER + "_se"
+CALIBRATION_FILE = "calibration.json"  # per slot and per bin: predicted against realised acceptance
+DSPARK_BLOCK = "dspark/"  # + drafted_per_step | verify_rate: the whole block's
+
+# the convention check (every DFlash-family drafter): the drafter read in the other slot convention
+CONVENTION = "convention_check/"  # + acceptance_length_other | gain | gain_se | z
+
+
+def threshold_name(t: float, what: str) -> str:
+    """The MLflow name of a confidence threshold's figure (`what`: a ThresholdRow field, τ as acceptance_length)."""
+    what = {"tau": TAU, "tau_se": f"{TAU}_se"}.get(what, what)
+    return f"{CONFIDENCE}{t:g}/{what}"
+
+
+def dspark_metrics(res: EvalResult) -> dict[str, float | None]:
+    """A DSpark result's extras (dspark_summary) and the convention check, under their names; empty where absent."""
+    out: dict[str, float | None] = {}
+    if (c := res.convention) is not None:
+        out.update(
+            {
+                f"{CONVENTION}{TAU}_other": c.other_tau,
+                f"{CONVENTION}gain": c.gain,
+                f"{CONVENTION}gain_se": c.gain_se,
+                f"{CONVENTION}z": c.z,
+            }
+        )
+    if (d := res.dspark) is None:
+        return out
+    out.update(
+        {
+            TAU_UNARY: d.tau_unary,
+            f"{TAU_UNARY}_se": d.tau_unary_se,
+            MARKOV_GAIN: d.markov_gain,
+            f"{MARKOV_GAIN}_se": d.markov_gain_se,
+            "expected_acceptance_length_unary": d.expected_unary,
+            f"{DSPARK_BLOCK}drafted_per_step": d.drafted_per_step,
+            f"{DSPARK_BLOCK}verify_rate": d.verify_rate,
+            BRIER: d.brier,
+            f"{BRIER}_se": d.brier_se,
+        }
+    )
+    for row in d.thresholds:
+        for what in ("tau", "tau_se", "gain", "gain_se", "drafted_per_step", "verify_rate"):
+            out[threshold_name(row.threshold, what)] = getattr(row, what)
+    return out
+
+
+def calibration_table(res: EvalResult) -> dict[str, Any] | None:
+    """CALIBRATION_FILE's content: the reliability table (bins) and the per-slot calibration; None without the head."""
+    d = res.dspark
+    if d is None or not d.slots:
+        return None
+    return {
+        "brier": d.brier,
+        "brier_se": d.brier_se,
+        "slots": [asdict(s) for s in d.slots],
+        "bins": [asdict(b) for b in d.bins],
+    }
 
 
 @dataclass(frozen=True)
@@ -183,6 +247,7 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
             WARNINGS_TAG: " | ".join(res.warnings) or None,
             LINEAR_KERNEL_TAG: info.linear_attention_kernel,
             REFERENCE_ENGINE_TAG: info.references.engine,
+            **{f"{ORIGIN_TAG}{k}": v for k, v in info.checkpoint_origin.items()},
         }
     )
     run.log_params(resolved_params(res))  # only keys not logged at the start (they were null or auto)
@@ -191,6 +256,7 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
         {
             **res.metrics,
             **prompt_lookup_metrics(res.prompt_lookup),
+            **dspark_metrics(res),
             **{f"{TIME}{k}": v for k, v in res.timings.items()},
         },
         curves=curves,
@@ -203,13 +269,25 @@ def log_eval(run: Any, res: EvalResult, rec: EvalRecord, dataset: Dataset) -> No
     run.log_text(rec.config_text, CONFIG_FILE)
     run.log_per_prompt([per_prompt_row(r).to_dict() for r in res.prompts])
     run.log_table(res.position_table(), PER_POSITION)
+    if (cal := calibration_table(res)) is not None:
+        run.log_text(json.dumps(cal, indent=1), CALIBRATION_FILE)
     run.log_files(rec.files)
     run.setup_eval_experiment(sorted({r.prompt.subset for r in res.prompts}))
 
 
 # --- a training run's parent: one point per evaluated step ---------------------------------------
 
-TRAIN = "train/"  # + the trainer's own metric name: logged on the parent at the trainer's steps
+TRAIN = "train/"  # + the trainer's own metric name: logged on the parent at the trainer's steps (train_name)
+TRAINING_CHART = "training_run/tau_by_step.png"  # a training run's parent: τ and the trainer's metrics by step
+TRAINER_BEST_TAG = "dflash.trainer_best_step"  # a training run's parent: the step the trainer recorded as its best
+
+
+def train_name(name: str) -> str:
+    """The parent's name of a trainer's metric: under TRAIN, a name already under it kept as it is (SpecForge's
+    `train/acc` stays `train/acc`, its `eval/avg_acc` becomes `train/eval/avg_acc`)."""
+    return name if name.startswith(TRAIN) else f"{TRAIN}{name}"
+
+
 ACCURACY_SLOT = "accuracy/slot_"  # + k: teacher-forced accuracy at draft slot k (k = 1..SLOTS)
 SLOT_CURVES = {
     "accuracy": ACCURACY_SLOT,
@@ -222,15 +300,23 @@ SERIES_WORDS = (
     "recall",
     "unary",
     SELECTOR_GAIN,
+    MARKOV_GAIN,
+    CONVENTION,
+    BRIER,
 )  # a child's scalar whose name holds one of these is a curve of its parent
 
 
 def series_point(metrics: dict[str, float | None], curves: dict[str, list[float | None]]) -> dict[str, float | None]:
     """A step's point on its training run's curves (MLflow step = training step): every τ-like scalar the child
-    logged (micro, macro, SE, per subset, expected τ; other drafters' extras such as a unary τ or the selector's
-    gain where present) and the teacher-forced per-slot rates of SLOT_CURVES (accuracy; DFlash2's unary accuracy
-    and top-k recall) at slots 1..SLOTS."""
-    out = {k: v for k, v in metrics.items() if any(w in k for w in SERIES_WORDS)}
+    logged (micro, macro, SE, per subset, expected τ; other drafters' extras such as a unary τ, the selector's or the
+    Markov head's gain, DSpark's τ at each confidence threshold and its Brier score, where present; the convention
+    check's τ in the other slot convention) and the teacher-forced per-slot rates of SLOT_CURVES (accuracy; DFlash2's
+    unary accuracy and top-k recall) at slots 1..SLOTS."""
+    out = {
+        k: v
+        for k, v in metrics.items()
+        if any(w in k for w in SERIES_WORDS) and (not k.startswith(CONFIDENCE) or k.endswith(f"/{TAU}"))
+    }
     for kind, name in SLOT_CURVES.items():
         rate = curves.get(kind) or []
         out.update({f"{name}{k}": rate[k - 1] for k in range(1, SLOTS + 1) if k <= len(rate)})

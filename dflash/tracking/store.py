@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from dflash.runs.trainlog import RunSpan
 from dflash.tracking.record import KILLED_TAG, PER_PROMPT
 from dflash.util.errors import TrackingError, signals_deferred
 from dflash.util.files import open_append
@@ -333,6 +334,39 @@ def metric_history(uri: str, run: str, keys: Sequence[str] | None = None) -> dic
         if pts:
             out[k] = [(int(step), float(v)) for (step, _), v in pts]
     return out
+
+
+def trainer_runs(
+    uri: str, names: Sequence[str] = (), ids: Sequence[str] = (), output_dir_like: str | None = None
+) -> list[RunSpan]:
+    """A trainer's MLflow runs, of any experiment: those with these ids, every run of these names (a trainer
+    restarted starts a new run of the same name), and those whose `output_dir` param holds `output_dir_like`."""
+    client = mlflow_client(uri)
+    try:
+        exps = [e.experiment_id for e in client.search_experiments()]
+    except Exception as e:
+        raise TrackingError(f"cannot read the MLflow store {uri}: {type(e).__name__}: {e}") from None
+    if not exps:
+        return []
+    quoted = [q.replace("'", "\\'") for q in (*ids, *names)]
+    filters = [f"attributes.run_id = '{i}'" for i in quoted[: len(ids)]]
+    filters += [f"attributes.run_name = '{n}'" for n in quoted[len(ids) :]]
+    if output_dir_like:
+        filters.append(f"params.output_dir LIKE '%{output_dir_like.replace(chr(39), '')}%'")
+    found: dict[str, Any] = {}
+    for f in filters:
+        for r in client.search_runs(exps, f, max_results=1000):
+            found[r.info.run_id] = r
+    return [
+        RunSpan(
+            r.info.run_id,
+            r.info.run_name,
+            int(r.info.start_time or 0),
+            None if r.info.status == "RUNNING" or r.info.end_time is None else int(r.info.end_time),
+            r.data.params.get("output_dir"),
+        )
+        for r in found.values()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The evaluation experiment as MLflow's UI shows it: its description and the saved view (τ columns,
 headline charts first, the rest collapsed), and the link that opens it.
-A "DFlash2" section holds DFlash2's names (dflash.tracking.record.DFLASH2_SPECFORGE), collapsed."""
+A "DFlash2" section holds DFlash2's names (dflash.tracking.record.DFLASH2_SPECFORGE), a "DSpark" section DSpark's and
+the convention check's, both collapsed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import json
 import time
 from typing import Any, Sequence
 
-from dflash.tracking.record import BY_POSITION, SELECTOR_GAIN, TAU_UNARY
+from dflash.tracking.record import (
+    BRIER,
+    BY_POSITION,
+    CONVENTION,
+    MARKOV_GAIN,
+    SELECTOR_GAIN,
+    TAU,
+    TAU_UNARY,
+    train_name,
+)
 from dflash.tracking.store import NOTE_TAG, VIEW_KEY, mlflow_client, store_lock
 
 
@@ -27,6 +37,11 @@ share of verify steps committing x tokens. The table view shows a curve's last p
 - DFlash2 drafters also log the unary τ (`acceptance_length_unary`: the drafter without its selector), \
 `selector_gain` ± `selector_gain_se` (paired over prompts), `by_position/unary_accuracy` and `by_position/topk_recall` \
 (section "DFlash2"; SpecForge's names for them: docs/dflash2.md).
+- DSpark drafters also log `markov_gain` ± `markov_gain_se` (τ over the same block without its Markov head), \
+`confidence_threshold/<t>/acceptance_length` (verifying the drafts before the first slot whose confidence is below \
+t), `confidence_brier` and `by_position/acceptance_predicted` / `acceptance_realised` (calibration; \
+`calibration.json`). Every drafter logs `convention_check/acceptance_length_other`: τ read in the other slot \
+convention (docs/dspark.md).
 - Each run: description (overview), `samples.html`, `plots/`, `per_position.json`, `per_prompt.json`. A `-m` sweep: \
 one parent per sweep with `sweep/children.csv` and `sweep/*.png`.
 - Open the saved view **dflash: τ and curves** (Saved views, or `...&viewStateShareKey=dflash` in the URL) for τ \
@@ -38,6 +53,13 @@ DFLASH2_CHARTS = [
     (SELECTOR_GAIN, "BAR"),
     (f"{BY_POSITION}unary_accuracy", "LINE"),
     (f"{BY_POSITION}topk_recall", "LINE"),
+]
+DSPARK_CHARTS = [
+    (MARKOV_GAIN, "BAR"),
+    (BRIER, "BAR"),
+    (f"{BY_POSITION}acceptance_predicted", "LINE"),
+    (f"{BY_POSITION}acceptance_realised", "LINE"),
+    (f"{CONVENTION}{TAU}_other", "BAR"),
 ]
 HEADLINE = [
     ("acceptance_length", "BAR"),
@@ -83,10 +105,12 @@ def eval_view(subsets: Sequence[str]) -> dict[str, Any]:
         ("dflash-subsets", "acceptance_length", True),
     ]
     sections += [(f"dflash-s{i}", name, False) for i, name in enumerate(COLLAPSED)] + [
-        ("dflash-dflash2", "DFlash2", False)
+        ("dflash-dflash2", "DFlash2", False),
+        ("dflash-dspark", "DSpark and the slot convention", False),
     ]
     charts = [chart(i, k, t, "dflash-headline") for i, (k, t) in enumerate(HEADLINE)]
     charts += [chart(len(charts) + i, k, t, "dflash-dflash2") for i, (k, t) in enumerate(DFLASH2_CHARTS)]
+    charts += [chart(len(charts) + i, k, t, "dflash-dspark") for i, (k, t) in enumerate(DSPARK_CHARTS)]
     charts += [chart(len(charts) + i, f"acceptance_length/{s}", "BAR", "dflash-subsets") for i, s in enumerate(subsets)]
     metric_cols = [
         "acceptance_length",
@@ -138,7 +162,7 @@ TRAINING_VIEW_KEY = "dflash-training"  # a training run's parent: mlflow.sharedV
 
 
 def training_view(train_accuracy: str | None) -> dict[str, Any]:
-    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train/<name>`) against the
+    """The saved view of training-run parents: first chart τ and the trainer's accuracy (`train_name`) against the
     training step, on one chart; then expected τ with the teacher-forced accuracy at slots 1-3; the rest collapsed."""
 
     def line(i: int, keys: list[str]) -> dict[str, Any]:
@@ -162,7 +186,7 @@ def training_view(train_accuracy: str | None) -> dict[str, Any]:
             "range": {},
         }
 
-    first = ["acceptance_length", *([f"train/{train_accuracy}"] if train_accuracy else [])]
+    first = ["acceptance_length", *([train_name(train_accuracy)] if train_accuracy else [])]
     charts = [
         line(0, first),
         line(1, ["expected_acceptance_length", "accuracy/slot_1", "accuracy/slot_2", "accuracy/slot_3"]),

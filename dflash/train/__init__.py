@@ -11,6 +11,10 @@ Per step, for S sequences (prompt + the target's greedy response):
 - loss: cross-entropy weighted by exp(-(k-1)/gamma), normalised by the weight sum over valid slots;
 - AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA; optional
   Gaussian noise (relative to each position's RMS) on the fc inputs only.
+`drafter.arch=dflash2` adds DFlash2's convolutions and selector (its CE beside the loss); `drafter.arch=dspark`
+trains DSpark as SpecForge does (docs/training.md, "DSpark"): gamma rows each a proposal, row j labelled with
+the token at p + j + 1, the Markov bias teacher-forced, CE + L1 to the target's distribution + the confidence
+head's BCE toward 1 - TV.
 
 The config's schema (dflash/conf/train.yaml), registered with Hydra, and its field checks live in
 dflash/config/train.py. Files here, in the order data flows:

@@ -2,7 +2,10 @@
 
 A correct trainer's label of slot k >= 1 is the regenerated sequence's token at p + k
 (`block_labels`): the target's own greedy token there. Augmentation noise (`noised`) may touch only
-the fc inputs.
+the fc inputs. DSpark (`dspark_labels`, the anchor convention): row j = 0..R-1 is labelled with the token at
+p + j + 1, its Markov head teacher-forced with the token at p + j (the anchor, then the labels before it),
+and a row counts only where every row before it does (SpecForge's cumprod mask); `aligned_target_logits`
+gives the target's logits at p + j, the distribution row j's label was drawn from.
 
 Bug 1 (`bug1_labels`) is the one place that needs more of the target than the taps: the final
 layer's state at every position of the batch (tap num_layers - 1: transformers' `hidden_states[-1]`,
@@ -33,6 +36,29 @@ def block_labels(ids: Tensor, seq_lens: Tensor, anchors: Tensor, block_valid: Te
     labels = torch.gather(ids, 1, pos.clamp(max=L - 1).view(S, -1)).view_as(pos)
     valid = (k >= 1) & (pos < seq_lens[:, None, None]) & block_valid[..., None]
     return labels, valid
+
+
+def dspark_labels(
+    ids: Tensor, seq_lens: Tensor, anchors: Tensor, block_valid: Tensor, R: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """ids [S, L] (padded) -> labels [S, N, R] = ids[p + j + 1], prev [S, N, R] = ids[p + j] (the Markov head's
+    teacher-forced input: the anchor, then the labels before row j), valid [S, N, R]: p + j + 1 < T, the block
+    valid, and every earlier row valid (cumprod along the block)."""
+    S, L = ids.shape
+    pos = anchors[..., None] + torch.arange(R + 1, device=ids.device)  # [S, N, R+1]: p .. p+R
+    tok = torch.gather(ids, 1, pos.clamp(max=L - 1).view(S, -1)).view_as(pos)
+    valid = (pos[..., 1:] < seq_lens[:, None, None]) & block_valid[..., None]
+    return tok[..., 1:], tok[..., :-1], valid.long().cumprod(-1).bool()
+
+
+def aligned_target_logits(target: Any, final: Tensor, anchors: Tensor, R: int, normed: bool) -> Tensor:
+    """The target's logits at positions p + j, j = 0..R-1, from its final-layer states final [S, T, H] (`normed`:
+    through the final norm already) -> [S, N, R, V]: row j's label distribution (no gradient)."""
+    S, T, H = final.shape
+    pos = (anchors[..., None] + torch.arange(R, device=anchors.device)).clamp(max=T - 1)  # [S, N, R]
+    h = torch.gather(final, 1, pos.reshape(S, -1, 1).expand(-1, -1, H))  # [S, N*R, H]
+    with torch.no_grad():
+        return logits_from_last(target, h, normed).view(*pos.shape, -1)
 
 
 def noised(x: Tensor, std: float, gen: torch.Generator | None = None) -> Tensor:

@@ -182,6 +182,7 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
         float(o.noise_std),
         final_tap_is_normed(target),
         float(o.selector_loss_alpha),
+        (float(o.ce_loss_alpha), float(o.l1_loss_alpha), float(o.confidence_loss_alpha)),
     )
     tok = target.tokenizer
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else target.eos_ids[0]
@@ -190,7 +191,7 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
     layers = needed_layers(
         [rs.model.cfg.target_layer_ids for rs in runs],
         target.num_layers,
-        any(rs.variant.bugs.noisy_labels for rs in runs),
+        any(rs.variant.bugs.noisy_labels or rs.model.cfg.dspark is not None for rs in runs),  # the final layer too
     )
     live = [Live(rs, open_tracker(cfg, rs, params, len(batcher.seqs)), mark=(time.time(), rs.step)) for rs in runs]
     total, start = int(o.steps), min(rs.step for rs in runs)
@@ -247,7 +248,7 @@ def after_step(
         norm = {} if grad_norm is None else {"grad_norm": grad_norm}  # clipping off: not computed, not logged
         lv.tracker.log(rs.step, {"loss": loss, "lr": lr, **norm, "tokens_per_s": w.tokens_per_s})
     if rs.step % int(cfg.metrics_every) == 0 or rs.step == total:
-        s = summarise(w, int(rs.model.cfg.block_size))
+        s = summarise(w, rs.model.cfg.proposals + 1)
         s.update(loss_avg=w.loss / w.n, tokens_per_s=w.tokens_per_s, wall_time_s=rs.time, train_tokens=rs.tokens)
         s["wall_s_per_step"] = (time.time() - lv.mark[0]) / max(
             rs.step - lv.mark[1], 1

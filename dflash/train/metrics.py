@@ -3,7 +3,10 @@
 `Window` sums each step's `StepStats` between two metrics lines; `summarise` derives every ratio
 from those sums: accuracy per slot against the variant's own labels (`acc_k`) and against the
 target's greedy tokens (`acc_clean_k`: differs under bug 1 only), the expected acceptance length
-from them (`tf_expected_tau` = 1 + Σ_k Π_{i≤k} acc_i) and from exact prefixes (`tf_prefix_tau`).
+from them (`tf_expected_tau` = 1 + Σ_k Π_{i≤k} acc_i) and from exact prefixes (`tf_prefix_tau`: for DSpark,
+whose Markov head is teacher-forced, the accepted length its greedy rollout reaches on the data); a DSpark
+variant adds the ratios of its own sums (step.dspark_sums: `ce_loss`, `l1_loss`, `confidence_loss`,
+`accept_p_k`, `tau_probabilistic`, `confidence_abs_error`, `confidence_bias`), SpecForge's names where it has one.
 `Tracker` writes every row to `<run_dir>/metrics.jsonl` and, when tracking is on, to one MLflow
 run per variant through dflash.tracking (resumed runs keep logging to theirs); `import_metrics`
 logs a metrics.jsonl written without MLflow (the GPU machine) to a store.
@@ -35,6 +38,7 @@ class Window:
     time: float = 0.0  # the variant's own seconds
     flip: float = 0.0  # bug 1's label flip rates, summed over the steps that had one
     flip_n: int = 0
+    sums: dict[str, tuple[float, float]] | None = None  # DSpark: name -> (numerator, denominator) summed
 
     def add(self, m: StepStats, dt: float) -> None:
         self.hit_own, self.hit_clean = self.hit_own + m.hit_own, self.hit_clean + m.hit_clean
@@ -47,6 +51,11 @@ class Window:
         )
         if m.label_flip_rate is not None:
             self.flip, self.flip_n = self.flip + m.label_flip_rate, self.flip_n + 1
+        if m.sums is not None:
+            old = self.sums or {}
+            self.sums = {
+                k: (old.get(k, (0.0, 0.0))[0] + a, old.get(k, (0.0, 0.0))[1] + b) for k, (a, b) in m.sums.items()
+            }
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -59,7 +68,8 @@ class Window:
 
 
 def summarise(w: Window, B: int) -> dict[str, float | None]:
-    """Ratios of a window's sums; None where a ratio is over nothing (no labelled slot k in the window)."""
+    """Ratios of a window's sums over slots 1..B-1 (B = the proposals + 1: DFlash's block, DSpark's gamma + 1);
+    None where a ratio is over nothing (no labelled slot k in the window)."""
     assert isinstance(w.count, Tensor), "summarise needs a window with at least one step"
     cnt, own_hits, clean_hits = w.count.tolist(), w.hit_own.tolist(), w.hit_clean.tolist()
     own = [ratio(h, c) for h, c in zip(own_hits, cnt)]  # [B-1]
@@ -73,6 +83,7 @@ def summarise(w: Window, B: int) -> dict[str, float | None]:
     out["tf_expected_tau"] = expected_acceptance_length(own)  # 1 + sum_k prod_{i<=k} acc_i (teacher-forced, own labels)
     prefix = ratio(float(w.prefix.sum()), cnt[0])
     out["tf_prefix_tau"] = None if prefix is None else 1.0 + prefix
+    out.update({k: ratio(a, b) for k, (a, b) in (w.sums or {}).items()})
     return out
 
 

@@ -4,7 +4,8 @@ One call per step serves every variant: it taps the union of their layers (`need
 each variant slices its own (`TargetStates.select`), so a lockstep run costs one target pass.
 Bug 1 needs the final layer's state as well (tap `num_layers - 1`, i.e. `hidden_states[num_layers]`,
 which transformers gives after the final norm); it joins the union when a noisy_labels variant
-runs, so that pass then runs the whole depth and still skips the LM head. Nothing here needs logits.
+or a DSpark one (the target's distributions its loss compares with) runs, so that pass then runs the
+whole depth and still skips the LM head. Nothing here needs logits.
 """
 
 from __future__ import annotations

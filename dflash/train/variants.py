@@ -14,8 +14,10 @@ Each bug reproduces its mechanism, and each acts in one place:
 weights, one target forward per step); names join bugs with '+' (`noisy_labels+final_layer`).
 A name may end in drafter-shape suffixes, each after a '-', that override `drafter.*` for that
 variant only (`ARCH_SUFFIXES`): `fixed-dflash2` (drafter.arch=dflash2: the DFlash2 twin),
-`fixed-l2` (2 layers), `fixed-t5` (5 taps), `fixed-i1536` (intermediate size), combinable
-(`fixed-l2-t5`): capacity probes and twins share the data and the target pass of one run.
+`fixed-dspark` (drafter.arch=dspark: the DSpark twin), `fixed-l2` (2 layers), `fixed-t5` (5 taps),
+`fixed-i1536` (intermediate size), `fixed-b15` (block size: a DSpark twin's gamma), combinable
+(`fixed-l4-dspark-b15`): capacity probes and twins share the data and the target pass of one run.
+The bugs are DFlash's training: a DSpark variant with one is refused.
 Without `variants`, one run with `bugs.*`, named `name` or after its bugs.
 """
 
@@ -30,7 +32,13 @@ from dflash.util.errors import ConfigError
 
 VARIANT_NAMES = ("fixed", "noisy_labels", "final_layer", "loss_dilution")
 BUG_NAMES = tuple(f.name for f in fields(BugsConfig))
-ARCH_SUFFIXES = {"l": "num_layers", "t": "num_taps", "i": "intermediate_size"}  # -l2, -t5, -i1536; and -dflash2
+ARCH_SUFFIXES = {
+    "l": "num_layers",
+    "t": "num_taps",
+    "i": "intermediate_size",
+    "b": "block_size",
+}  # -l2, -t5, -i1536, -b15
+ARCHS = ("dflash2", "dspark")  # -dflash2, -dspark
 
 
 @dataclass
@@ -41,14 +49,14 @@ class Variant:
 
 
 def parse_suffix(suffix: str, name: str) -> tuple[str, Any]:
-    """'dflash2' | 'l2' | 't5' | 'i1536' -> (drafter key, value)."""
-    if suffix == "dflash2":
-        return "arch", "dflash2"
-    m = re.fullmatch(r"([lti])([1-9][0-9]*)", suffix)
+    """'dflash2' | 'dspark' | 'l2' | 't5' | 'i1536' | 'b15' -> (drafter key, value)."""
+    if suffix in ARCHS:
+        return "arch", suffix
+    m = re.fullmatch(r"([ltib])([1-9][0-9]*)", suffix)
     if m is None:
         raise ConfigError(
-            f"variants: unknown suffix -{suffix} in {name!r}; use -dflash2, -l<layers>, -t<taps> or -i<intermediate "
-            f"size>"
+            f"variants: unknown suffix -{suffix} in {name!r}; use -dflash2, -dspark, -l<layers>, -t<taps>, "
+            "-i<intermediate size> or -b<block size>"
         )
     return ARCH_SUFFIXES[m.group(1)], int(m.group(2))
 
@@ -69,12 +77,21 @@ def parse_variant(name: str) -> Variant:
 
 
 def resolve_variants(cfg: Any) -> list[Variant]:
-    """cfg.variants (lockstep) or the single run of cfg.bugs / cfg.name."""
+    """cfg.variants (lockstep) or the single run of cfg.bugs / cfg.name; a DSpark variant with a bug refused."""
     if cfg.variants:
-        return [parse_variant(n) for n in cfg.variants]
-    bugs = BugsConfig(**{k: bool(getattr(cfg.bugs, k)) for k in BUG_NAMES})
-    on = [k for k in BUG_NAMES if getattr(bugs, k)]
-    return [Variant(cfg.name or ("+".join(on) if on else "fixed"), bugs)]
+        out = [parse_variant(n) for n in cfg.variants]
+    else:
+        bugs = BugsConfig(**{k: bool(getattr(cfg.bugs, k)) for k in BUG_NAMES})
+        on = [k for k in BUG_NAMES if getattr(bugs, k)]
+        out = [Variant(cfg.name or ("+".join(on) if on else "fixed"), bugs)]
+    for v in out:
+        on = [k for k in BUG_NAMES if getattr(v.bugs, k)]
+        if on and v.arch.get("arch", cfg.drafter.arch) == "dspark":
+            raise ConfigError(
+                f"variant {v.name!r} trains DSpark with {', '.join(on)}: the bugs are DFlash's training "
+                "(docs/family.md §4), not implemented for DSpark; train DSpark without them (fixed-dspark)"
+            )
+    return out
 
 
 def variant_layer_ids(base: list[int], num_target_layers: int, bugs: BugsConfig) -> list[int]:

@@ -97,13 +97,15 @@ def history(tmp: Path, run_id: str, key: str) -> list[tuple[int, float]]:
         ("15..30", [20, 30]),
         ("..20", [10, 20]),
         ("20..", [20, 30]),
+        ("latest", [30]),
+        ("best", [20]),  # the trainer's recorded best (passed by the run folder)
     ],
 )
 def test_step_selection(value, steps):
-    assert StepSelection.parse(value).select([10, 20, 30]) == steps
+    assert StepSelection.parse(value).select([10, 20, 30], best=20) == steps
 
 
-@pytest.mark.parametrize("value", ["latest", "30..10", "all/0", "5/2", -3, [], ["a"]])
+@pytest.mark.parametrize("value", ["newest", "30..10", "all/0", "5/2", -3, [], ["a"]])
 def test_a_bad_step_selection_names_the_syntax(value):
     with pytest.raises(ConfigError, match="drafter.step=.*(not a step selection|past its end)"):
         StepSelection.parse(value)
@@ -165,12 +167,12 @@ def test_a_step_folder_is_complete_only_when_its_files_are_whole(tmp_path, qwen3
 def test_settle_waits_for_unchanged_files(tmp_path, qwen3_target):
     write_step(tmp_path, qwen3_target, 10)
     settle = Settle(5.0)
-    assert settle.ready(scan(tmp_path), now=100.0) == []  # first seen
-    assert settle.ready(scan(tmp_path), now=104.0) == []
-    assert [f.step for f in settle.ready(scan(tmp_path), now=105.0)] == [10]
+    assert settle.ready(scan(tmp_path).steps, now=100.0) == []  # first seen
+    assert settle.ready(scan(tmp_path).steps, now=104.0) == []
+    assert [f.step for f in settle.ready(scan(tmp_path).steps, now=105.0)] == [10]
     write_step(tmp_path, qwen3_target, 10, seed=7)  # rewritten: the clock starts again
     os.utime(tmp_path / "step_10" / "checkpoint.pt", ns=(1, 1))
-    assert settle.ready(scan(tmp_path), now=106.0) == []
+    assert settle.ready(scan(tmp_path).steps, now=106.0) == []
 
 
 # --- whole runs on the tiny target -------------------------------------------------------------------
@@ -179,6 +181,9 @@ def test_settle_waits_for_unchanged_files(tmp_path, qwen3_target):
 def test_step_all_is_one_parent_with_curves_at_the_training_steps_and_a_rerun_adds_only_what_is_new(
     tmp_path, qwen3_dir, qwen3_target
 ):
+    """... and a rewind (a step rewritten with other weights, the later ones deleted) supersedes the old timeline's
+    evaluations, kept and tagged, and the parent goes on as a new lineage holding the points before it."""
+    from dflash import tracking
     from dflash.evaluation import series
 
     run = tmp_path / "run"
@@ -208,19 +213,30 @@ def test_step_all_is_one_parent_with_curves_at_the_training_steps_and_a_rerun_ad
     assert not history(tmp_path, parent.info.run_id, "train/lr")  # not accuracy- nor loss-like
     assert out.parent_id == parent.info.run_id and "| 20 |" in parent.data.tags["mlflow.note.content"]
 
-    write_step(run, qwen3_target, 30)  # a new step; step 20 rewritten (another digest): both evaluated, step 10 skipped
-    write_step(run, qwen3_target, 20, seed=99)
+    write_step(run, qwen3_target, 30)  # a new step: only it is evaluated, steps 10 and 20 skipped (same digests)
     out = series.evaluate_training_run(cfg, "")
-    assert out.skipped == [10] and sorted(r.info.drafter_step for r in out.results) == [20, 30]
+    assert out.skipped == [10, 20] and [r.info.drafter_step for r in out.results] == [30]
     (parent2,), kids = family(tmp_path)
     assert parent2.info.run_id == parent.info.run_id and parent2.info.status == "FINISHED"
-    assert sorted(int(k.data.tags["drafter_step"]) for k in kids) == [10, 20, 20, 30]
-    assert history(tmp_path, parent.info.run_id, "train/acc") == [
-        (5, 0.05),
-        (10, 0.1),
-        (15, 0.15),
-        (20, 0.2),
-    ]  # not logged twice
+    assert sorted(int(k.data.tags["drafter_step"]) for k in kids) == [10, 20, 30]
+    assert history(tmp_path, parent.info.run_id, "train/acc") == [(5, 0.05), (10, 0.1), (15, 0.15), (20, 0.2)]
+
+    write_step(run, qwen3_target, 20, seed=99)  # step 20 rewritten with other weights, 30 gone: a rewind
+    (run / "step_30" / "checkpoint.pt").unlink()
+    (run / "step_30").rmdir()
+    out = series.evaluate_training_run(cfg, "")
+    assert out.skipped == [10] and [r.info.drafter_step for r in out.results] == [20] and out.superseded == [20, 30]
+    parents, kids = family(tmp_path)
+    old, live = sorted(parents, key=lambda p: int(p.data.tags.get(tracking.LINEAGE_TAG, 0)))
+    assert old.info.run_id == parent.info.run_id and old.data.tags[tracking.REPLACED_BY_TAG] == live.info.run_id
+    assert live.info.status == old.info.status == "FINISHED" and out.parent_id == live.info.run_id
+    by_step = sorted((int(k.data.tags["drafter_step"]), k.data.tags.get(tracking.SUPERSEDED_TAG, "")) for k in kids)
+    new20 = next(r for r in out.results).run_id
+    assert by_step == sorted([(10, ""), (20, ""), (20, new20), (30, new20)])  # the old timeline kept, marked
+    tau20 = out.results[0].metrics["acceptance_length"]
+    assert history(tmp_path, live.info.run_id, "acceptance_length") == [(10, tau[10]), (20, tau20)]  # 30: superseded
+    assert history(tmp_path, live.info.run_id, "train/acc") == [(5, 0.05), (10, 0.1), (15, 0.15), (20, 0.2)]
+    assert "Superseded" in live.data.tags["mlflow.note.content"]
 
 
 def test_follow_evaluates_each_complete_step_once_and_a_partial_one_only_when_done(tmp_path, qwen3_dir, qwen3_target):
@@ -369,7 +385,7 @@ def test_train_metrics_from_tensorboard_and_mlflow_land_under_train_at_their_ste
     if source == "tensorboard":
         _tensorboard(tmp_path / "tb" / "logs")
         extra = ["train_metrics.source=tensorboard", f"train_metrics.path={tmp_path / 'tb'}"]
-        prefix = "logs/"  # a subfolder's events are named <subfolder>/<tag>, as TensorBoard names its runs
+        # one folder of event files: its tags as they are (several subfolders: <subfolder>/<tag>)
     else:
         rid = _mlflow_run(tmp_path)
         extra = [
@@ -377,15 +393,12 @@ def test_train_metrics_from_tensorboard_and_mlflow_land_under_train_at_their_ste
             f"train_metrics.uri=sqlite:///{tmp_path}/trainer.db",
             f"train_metrics.run={rid if source == 'mlflow_id' else 'specforge-run'}",
         ]
-        prefix = ""
     out = series.evaluate_training_run(compose(overrides(tmp_path, qwen3_dir, run, "drafter.step=all", *extra)), "")
     (parent,), _ = family(tmp_path)
-    acc = history(tmp_path, parent.info.run_id, f"train/{prefix}train/acc_0")
+    acc = history(tmp_path, parent.info.run_id, "train/acc_0")  # the trainer's train/ names kept, not train/train/
     assert [s for s, _ in acc] == [5, 10, 15, 20] and [v for _, v in acc] == pytest.approx(
         [0.05, 0.1, 0.15, 0.2]
     )  # TensorBoard: float32
-    assert [s for s, _ in history(tmp_path, parent.info.run_id, f"train/{prefix}train/ploss_0")] == [5, 10, 15, 20]
-    assert not history(tmp_path, parent.info.run_id, f"train/{prefix}lr")
-    assert (
-        out.stall is not None and out.stall.accuracy == f"{prefix}train/acc_0"
-    )  # random drafters: τ flat, accuracy rising
+    assert [s for s, _ in history(tmp_path, parent.info.run_id, "train/ploss_0")] == [5, 10, 15, 20]
+    assert not history(tmp_path, parent.info.run_id, "train/lr")
+    assert out.stall is not None and out.stall.accuracy == "train/acc_0"  # random drafters: τ flat, accuracy rising

@@ -214,7 +214,7 @@ def test_missing_step_lists_existing_steps(qwen3_target, drafter, tmp_path):
 def test_missing_or_empty_run_dir(qwen3_target, tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_drafter(qwen3_target, "training", "r", run_dir=str(tmp_path / "nope"))
-    with pytest.raises(CheckpointError, match="no step_<N>"):
+    with pytest.raises(CheckpointError, match="holds no step folders of a layout.*step_<N>"):
         load_drafter(qwen3_target, "training", "r", run_dir=str(tmp_path))
     (tmp_path / "step_1").mkdir()
     with pytest.raises(CheckpointError, match="neither checkpoint.pt nor config.json"):
@@ -410,15 +410,18 @@ def test_a_run_folder_kept_in_the_git_history_says_make_drafters(tmp_path, monke
     """A shipped drafter outside checkpoints/' budget (listed in checkpoints/extra.txt) whose step folders are not
     restored names `make drafters`; any other run folder without steps asks whether drafter.run_dir is right."""
     from dflash.models.drafter import files as checkpoint_files
+    from dflash.models.drafter.layouts import find_step
 
     monkeypatch.setattr(checkpoint_files, "PROJECT_ROOT", tmp_path)
     (tmp_path / "checkpoints" / "r").mkdir(parents=True)
     (tmp_path / "checkpoints" / "extra.txt").write_text("# step folder  commit\ncheckpoints/r/step_5  abc123\n")
     with pytest.raises(CheckpointError, match=r"kept in the git history.*`make drafters` restores them"):
-        checkpoint_files.resolve_step(tmp_path / "checkpoints" / "r", None)
+        find_step(tmp_path / "checkpoints" / "r", None)
     (tmp_path / "other").mkdir()
-    with pytest.raises(CheckpointError, match=r"holds no step_<N>/ folders; is drafter.run_dir right"):
-        checkpoint_files.resolve_step(tmp_path / "other", None)
+    with pytest.raises(
+        CheckpointError, match=r"holds no step folders of a layout.*step_<N>/.*Is drafter.run_dir right"
+    ):
+        find_step(tmp_path / "other", None)
 
 
 def test_a_sharded_checkpoint_is_identified_by_every_shard(qwen3_target, drafter, tmp_path):

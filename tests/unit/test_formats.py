@@ -348,7 +348,8 @@ SPEC_REFUSALS = {
     ),
     "aux ids missing": ({"aux_hidden_state_layer_ids": None}, "aux_hidden_state_layer_ids=None"),
     "eagle3": ({"speculators_model_type": "eagle3"}, "speculators_model_type='eagle3'"),
-    "unknown key": ({"markov_rank": 8}, "unknown config key markov_rank=8"),
+    "unknown key": ({"frobnicate": 8}, "unknown config key frobnicate=8"),
+    "a DSpark key on dflash": ({"markov_rank": 8}, "config keys ['markov_rank'] are DSpark's"),
 }
 
 

@@ -296,6 +296,7 @@ def test_generation_is_never_silent_for_15_s(qwen3_target, monkeypatch, caplog, 
     caplog.set_level(logging.INFO, logger="dflash")
     clock = FakeClock(4.0)
     monkeypatch.setattr(progress, "clock", clock)
+    monkeypatch.setattr(progress, "_enabled", True)  # whatever an earlier in-process evaluation configured
     monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: terminal)
     if path == "static engine":
         monkeypatch.setattr(Generator, "_step", clock.slow(Generator._step))

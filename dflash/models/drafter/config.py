@@ -18,6 +18,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dflash.models.drafter.dflash2_config import DFLASH2_FIELDS, DFlash2Config, parse_dflash2
+from dflash.models.drafter.dspark_config import (
+    DSPARK_ARCHITECTURES,
+    NESTED_KEYS,
+    TOP_KEYS,
+    TRAINING_ONLY,
+    DSparkConfig,
+    parse_dspark,
+    refuse_architecture,
+    refuse_variant,
+)
 from dflash.models.drafter.rope import (
     attention_scaling_warning,
     dynamic_rope_warning,
@@ -31,6 +41,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 ARCHITECTURES = {
     "DFlashDraftModel": "dflash",
     "DFlash2DraftModel": "dflash2",
+    **dict.fromkeys(DSPARK_ARCHITECTURES, "dspark"),
 }  # config.json's name -> DrafterConfig.arch
 DFLASH_FIELDS = ("block_size", "target_layer_ids", "mask_token_id", "num_target_layers", "mask_token")
 # Qwen3 architecture keys handed to transformers' Qwen3Config (then read back from it)
@@ -92,6 +103,7 @@ HARMLESS = {
     "_name_or_path",
     "auto_map",
     "_attn_implementation_autoset",
+    *TRAINING_ONLY,
 }
 # key -> (values meaning "off", what it would change)
 EXTENSIONS: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -112,6 +124,10 @@ EXTENSIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "mlp_bias": ((None, False), "MLP biases (transformers' Qwen3MLP and SGLang's DFlash MLP have none)"),
     "rope_is_neox_style": ((None, True), "interleaved (GPT-J style) rotary"),
     "is_neox_style": ((None, True), "interleaved (GPT-J style) rotary"),
+    "sample_from_anchor": (
+        (None, False),
+        "the anchor slot convention (DSpark's: every block row a proposal), which SGLang's DFlash does not read",
+    ),
 }
 
 
@@ -163,12 +179,36 @@ class DrafterConfig:
     own_embed: bool = False  # embed_tokens.weight in the checkpoint: block tokens embedded with it
     own_lm_head: bool = False  # lm_head.weight in the checkpoint: draft logits through it
     vocab_map: bool = False  # d2t [draft_vocab_size] in the checkpoint: draft id i is target id i + d2t[i]
-    arch: str = "dflash"  # ARCHITECTURES' values: "dflash2" adds the `dflash2` part
+    arch: str = "dflash"  # ARCHITECTURES' values: "dflash2" adds the `dflash2` part, "dspark" the `dspark` part
     dflash2: DFlash2Config | None = None  # DFlash2DraftModel: convolutions, unary transform, selector
+    dspark: DSparkConfig | None = None  # DSpark: slot convention, Markov head, confidence head (block_size = its rows)
 
     def __post_init__(self):
         if not self.layer_types:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
+
+    @property
+    def offset(self) -> int:
+        """The block row of the first proposal: 0 in the anchor convention (DSpark's sample_from_anchor), else 1."""
+        return 0 if self.dspark is not None and self.dspark.sample_from_anchor else 1
+
+    @property
+    def proposals(self) -> int:
+        """Tokens drafted per verify step: rows `offset` .. block_size - 1 of the block."""
+        return self.block_size - self.offset
+
+    @property
+    def width(self) -> int:
+        """Tokens a verify step runs the target on: the anchor and the proposals (SGLang's num_draft_tokens)."""
+        return self.proposals + 1
+
+    @property
+    def conv(self) -> tuple[int, int] | None:
+        """(kernel taps, group size) of DFlash2's block convolutions where the drafter has them (DFlash2 or DSpark)."""
+        for part in (self.dflash2, self.dspark):
+            if part is not None and part.conv_kernel_size is not None:
+                return part.conv_kernel_size, part.conv_group_size
+        return None
 
     def layer_causal(self, layer_type: str) -> bool:
         """vLLM's rule: `causal` when set, else causal exactly on sliding layers (SGLang's rule too)."""
@@ -191,6 +231,7 @@ class DrafterConfig:
             "vocab_map",
             "arch",
             "dflash2",
+            "dspark",
         )
         d = {
             k: v
@@ -214,8 +255,23 @@ class DrafterConfig:
             dflash.update(block_size=self.block_size, **self.dflash2.to_dflash_config())
             if self.dflash2.vocab_size is not None:
                 d["vocab_size"] = self.dflash2.vocab_size
+        if self.dspark is not None:  # SGLang builds DSpark's heads from the top level only: every key there
+            ds = self.dspark
+            d.update(ds.to_top_level())
+            if ds.vocab_size is not None:
+                d["vocab_size"] = ds.vocab_size
+            if ds.conv_kernel_size is not None:
+                dflash.update(
+                    block_size=d["block_size"], conv_kernel_size=ds.conv_kernel_size, conv_group_size=ds.conv_group_size
+                )
+            if ds.attention_mode is not None:
+                dflash["attention_mode"] = ds.attention_mode
         sliding = "sliding_attention" in self.layer_types
-        arch = next(name for name, a in ARCHITECTURES.items() if a == self.arch)
+        arch = (
+            self.dspark.architecture
+            if self.dspark is not None
+            else next(name for name, a in ARCHITECTURES.items() if a == self.arch)
+        )
         return {
             **self.extra,
             **d,
@@ -362,15 +418,30 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
         if v is not None:
             _check_type(k, v)
     archs = raw.get("architectures") or ["DFlashDraftModel"]
+    if len(archs) == 1 and (refused := refuse_architecture(archs[0])) is not None:
+        raise refused
     if len(archs) != 1 or archs[0] not in ARCHITECTURES:
         raise CheckpointError(
             f"architectures={archs!r}: one of {[[a] for a in ARCHITECTURES]} is implemented (not other variants)"
         )
     arch = ARCHITECTURES[archs[0]]
-    extra = _classify(raw, "", UNDERSTOOD)
-    _classify(
-        dflash, "dflash_config.", {*DFLASH_FIELDS, "causal"} | (set(DFLASH2_FIELDS) if arch == "dflash2" else set())
+    dspark_only = [k for k in TOP_KEYS if k != "sample_from_anchor"]  # DFlash's: EXTENSIONS (false is DFlash's own)
+    if arch != "dspark" and (keys := [k for k in dspark_only if raw.get(k) not in (None, False, 0, {})]):
+        raise CheckpointError(
+            f"config keys {keys} are DSpark's, but architectures={archs!r} is not a DSpark drafter: SGLang would serve "
+            f"it without DSpark's heads. Name it as what it is (a DSpark drafter: one of {list(DSPARK_ARCHITECTURES)})"
+        )
+    if arch == "dspark":
+        refuse_variant(raw)
+    extra = _classify(raw, "", UNDERSTOOD | (set(TOP_KEYS) if arch == "dspark" else set()))
+    nested_known = {*DFLASH_FIELDS, "causal"} | (
+        set(DFLASH2_FIELDS)
+        if arch == "dflash2"
+        else {*NESTED_KEYS, "sample_from_anchor", *TRAINING_ONLY}
+        if arch == "dspark"
+        else set()
     )
+    _classify(dflash, "dflash_config.", nested_known)
     if raw.get("model_type", "qwen3") not in ("qwen3", None):
         raise CheckpointError(
             f"model_type={raw['model_type']!r}: DFlash draft layers are Qwen3 layers; only model_type qwen3 is "
@@ -419,6 +490,10 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     for k, v in (overrides or {}).items():  # fill only what the checkpoint lacks
         if dv.get(k) is None and v is not None:
             dv[k] = list(v) if k == "target_layer_ids" else v
+    ds = None
+    if arch == "dspark":  # DSpark's own precedence for gamma, mask id and taps (dspark_config.py)
+        ds, fields = parse_dspark(raw, dflash, archs[0], hf.hidden_size, warnings)
+        dv.update(fields)
     if dv["target_layer_ids"] is not None:
         dv["target_layer_ids"] = _int_list("target_layer_ids", dv["target_layer_ids"])
     block = 16 if dv["block_size"] is None else dv["block_size"]
@@ -444,6 +519,7 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
         extra=extra,
         arch=arch,
         dflash2=d2,
+        dspark=ds,
         causal=dflash.get("causal"),
         target_hidden_size=raw.get("target_hidden_size"),
         draft_vocab_size=raw.get("draft_vocab_size"),
@@ -502,6 +578,14 @@ def effective_config(cfg: DrafterConfig, apply_window: bool = True) -> dict[str,
             {
                 "architecture": "DFlash2DraftModel",
                 **{f"dflash2_{k}": v for k, v in asdict(cfg.dflash2).items() if v is not None},
+            }
+        )
+    if cfg.dspark is not None:
+        out.update(
+            {
+                "architecture": cfg.dspark.architecture,
+                "dspark_rows": cfg.block_size,
+                **{f"dspark_{k}": v for k, v in asdict(cfg.dspark).items() if v is not None and k != "architecture"},
             }
         )
     return out

@@ -20,7 +20,8 @@ selector walk.
   bilinear term is computed in float32 as an elementwise product summed over the rank (the same for
   any batch of rows, so the offline replay's and the online loop's walks agree bit for bit).
   A zero successor codebook walks the unary argmax (DFlash).
-`propose` is the one proposal rule both loops call: the walk for DFlash2, the argmax for DFlash.
+`propose` is the one proposal rule both loops call: the walk for DFlash2, the Markov rollout for DSpark
+(dflash/models/drafter/dspark.py), the argmax for DFlash.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dflash.models.drafter.dflash2_config import DFlash2Config
+from dflash.models.drafter.dspark import rollout
 from dflash.models.drafter.head import canonical_topk, head_of, select
 
 
@@ -139,16 +141,20 @@ def walk(selector: CandidateSelector, c: Candidates, prev: Tensor, lo: int = 0, 
 class Proposal:
     """A drafter pass's proposals for R blocks."""
 
-    tokens: Tensor  # [R, K] what is drafted: the walk (DFlash2), the argmax (DFlash)
-    unary: Tensor  # [R, K] the unary argmax (= tokens for DFlash)
+    tokens: Tensor  # [R, K] what is drafted: the walk (DFlash2, DSpark), the argmax (DFlash)
+    unary: Tensor  # [R, K] the unary argmax (= tokens for DFlash; DSpark: the base logits' argmax, no Markov head)
     topk: Tensor | None  # [R, K, k] the unary top-k ids (DFlash2), else None
+    accept_p: Tensor | None = None  # [R, K] float32: DSpark's confidence σ(logit) of each slot of the walk
 
 
 def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anchor: Tensor) -> Proposal:
-    """h [R, K, H] slots 1..B-1's final states (the target's dtype), anchor [R] -> Proposal. `head` is the
+    """h [R, K, H] the proposal slots' final states (the target's dtype), anchor [R] -> Proposal. `head` is the
     target's LM head (an nn.Linear: computed in chunks of the vocabulary; any function: whole), which the drafter
-    uses unless it has its own (times its logit_scale: head.head_of); the walk starts from the anchor."""
+    uses unless it has its own (times its logit_scale: head.head_of); the walk starts from the anchor. DSpark's
+    rollout adds its Markov bias to the whole base row, so it reads the full logits."""
     R, K, H = h.shape
+    if drafter.cfg.dspark is not None:
+        return propose_logits(drafter, drafter.logits(head, h.reshape(R * K, H)).view(R, K, -1), h, anchor)
     out = select(head_of(drafter, head), h.reshape(R * K, H), top_k(drafter))  # 2-D: a 3-D input takes a slow bmm
     return propose_top(drafter, out.values.view(R, K, -1), out.ids.view(R, K, -1), h, anchor)
 
@@ -161,16 +167,40 @@ def top_k(drafter: nn.Module) -> int:
 
 def propose_top(drafter: nn.Module, values: Tensor, ids: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
     """`propose` from the head's canonical top k per slot (values, ids [R, K, k]: head.select)."""
+    return propose_tops(drafter, values, ids, h, anchor, (0,))[0]
+
+
+def propose_tops(
+    drafter: nn.Module, values: Tensor, ids: Tensor, h: Tensor, anchor: Tensor, starts: tuple[int, ...]
+) -> list[Proposal]:
+    """`propose_top` over slots s.. for each s in `starts` (a walk from the anchor each; DFlash and DFlash2): the
+    candidates (DFlash2's projection) computed once for all slots."""
     d2 = drafter.cfg.dflash2
     if d2 is None:
-        return Proposal(ids[..., 0], ids[..., 0], None)
-    c = candidates(drafter.candidate_selector, d2, values, ids, h)
-    return Proposal(walk(drafter.candidate_selector, c, anchor.to(c.ids.device)), c.ids[..., 0], c.ids)
+        return [Proposal(ids[:, s:, 0], ids[:, s:, 0], None) for s in starts]
+    c, sel = candidates(drafter.candidate_selector, d2, values, ids, h), drafter.candidate_selector
+    out = []
+    for s in starts:
+        cs = Candidates(c.ids[:, s:], c.scores[:, s:], c.proj[:, s:])
+        out.append(Proposal(walk(sel, cs, anchor.to(c.ids.device)), cs.ids[..., 0], cs.ids))
+    return out
 
 
 def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
     """`propose` from the drafter's full raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
-    if drafter.cfg.dflash2 is None:
-        top = logits.argmax(-1)  # the first maximal id: the canonical top 1
-        return Proposal(top, top, None)
-    return propose_top(drafter, *canonical_topk(logits, top_k(drafter)), h, anchor)
+    return propose_from(drafter, logits, h, anchor, (0,))[0]
+
+
+def propose_from(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor, starts: tuple[int, ...]) -> list:
+    """`propose_logits` over slots s.. of the same rows for each s in `starts` (a walk from the anchor each): the
+    unary part (the canonical top k, DFlash2's projection) computed once for all rows, as it is row by row."""
+    if drafter.cfg.dspark is not None:  # DSpark: the Markov walk (dflash/models/drafter/dspark.py)
+        mapped = drafter.to_target if drafter.d2t is not None else None
+        out = []
+        for s in starts:
+            tokens, conf = rollout(
+                drafter.markov_head, drafter.confidence_head, logits[:, s:], h[:, s:], anchor, mapped
+            )
+            out.append(Proposal(tokens, logits[:, s:].argmax(-1), None, conf))
+        return out
+    return propose_tops(drafter, *canonical_topk(logits, top_k(drafter)), h, anchor, starts)

@@ -1,4 +1,5 @@
-"""Drafter checkpoint files: where a training step lives, reading the two formats, writing them.
+"""Drafter checkpoint files: a step folder's files, reading the two formats, writing them (which step folders a run
+holds, in which layout: dflash/models/drafter/layouts.py).
 
 Formats (the loader's phases are in dflash/models/drafter/checkpoint.py):
 - training: `<run_dir>/step_<N>/checkpoint.pt`, a torch pickle with the weights under a key such as
@@ -6,8 +7,10 @@ Formats (the loader's phases are in dflash/models/drafter/checkpoint.py):
   pickle that would run code is refused) and `mmap=True`; `module.` / `_orig_mod.` prefixes stripped;
   the optimizer state is never touched. A legacy (non-zip) pickle is refused with the command that
   converts it.
-- hf: a folder of config.json + *.safetensors (a `step_<N>/` folder may hold it too). A folder
-  holding both a pickle and safetensors is refused: which one is the drafter?
+- hf: a folder of config.json + *.safetensors (a `step_<N>/` folder may hold it too; so does SpecForge's legacy
+  `epoch_<e>_step_<s>/`, whose optimizer pickle beside it the caller names as not the drafter). A folder
+  holding both a pickle and safetensors is refused: which one is the drafter? A file this user may not read
+  (safetensors >= 0.8 writes 0600) is refused saying so.
 Reading returns (state dict, raw config dict); parsing and checking the config is the caller's.
 Writing (the trainer's) is atomic and follows the umask (dflash/util/files.py).
 """
@@ -24,7 +27,7 @@ import torch
 
 from dflash.models.drafter.model import DFlashDrafter
 from dflash.util.errors import CheckpointError
-from dflash.util.files import PROJECT_ROOT, atomic_dir, atomic_write, find_path
+from dflash.util.files import PROJECT_ROOT, atomic_dir, atomic_write
 
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "drafter", "module")
 PREFIXES = ("module.", "_orig_mod.")
@@ -37,9 +40,10 @@ def list_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in run_dir.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name)))
 
 
-def _formats(folder: Path) -> tuple[list[Path], list[Path]]:
-    """(pickles, safetensors) in a folder; both at once is refused: which one is the drafter?"""
-    pickles = sorted({p for pat in PICKLES for p in folder.glob(pat)})
+def _formats(folder: Path, ignore: tuple[str, ...] = ()) -> tuple[list[Path], list[Path]]:
+    """(pickles, safetensors) in a folder, the `ignore`d names left out (a trainer's optimizer state beside its
+    safetensors); both at once is refused: which one is the drafter?"""
+    pickles = sorted({p for pat in PICKLES for p in folder.glob(pat) if p.name not in ignore})
     st = sorted(folder.glob("*.safetensors"))
     if pickles and st:
         raise CheckpointError(
@@ -62,32 +66,14 @@ def in_git_history(run: Path) -> bool:
     )
 
 
-def resolve_step(run_dir: str | Path, step: int | None) -> tuple[Path, int]:
-    """-> (file or folder of that step, step). step=None takes the latest."""
-    run = find_path(run_dir)
-    if not run.is_dir():
-        raise CheckpointError(
-            f"drafter.run_dir={run} does not exist; point it at a training run folder holding step_<N>/ folders"
-        )
-    steps = list_steps(run)
-    if not steps:
-        if in_git_history(run):
-            raise CheckpointError(
-                f"{run} holds no step_<N>/ folders: its weights are kept in the git history, outside checkpoints/' "
-                "budget (checkpoints/extra.txt); `make drafters` restores them"
-            )
-        raise CheckpointError(f"{run} holds no step_<N>/ folders; is drafter.run_dir right?")
-    if step is None:
-        step = steps[-1]
-    d = run / f"step_{step}"
-    if step not in steps:
-        raise CheckpointError(f"no checkpoint for step {step} in {run}; steps that exist: {', '.join(map(str, steps))}")
-    _formats(d)
-    if (d / "checkpoint.pt").is_file():
-        return d / "checkpoint.pt", step
-    if (d / "config.json").is_file():
-        return d, step
-    raise CheckpointError(f"{d} holds neither checkpoint.pt nor config.json + safetensors")
+def native_step(folder: Path) -> Path:
+    """A `step_<N>/` folder -> what holds its drafter: checkpoint.pt, or the folder itself (HF format)."""
+    _formats(folder)
+    if (folder / "checkpoint.pt").is_file():
+        return folder / "checkpoint.pt"
+    if (folder / "config.json").is_file():
+        return folder
+    raise CheckpointError(f"{folder} holds neither checkpoint.pt nor config.json + safetensors")
 
 
 TEMP_NAME = re.compile(r"\.tmp(-|$)|\.(incomplete|partial|part)$")  # a writer's file not yet renamed into place
@@ -101,8 +87,17 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
+def unreadable(path: Path) -> str:
+    """The refusal of a file this user may not read (safetensors >= 0.8 writes its files owner-only, 0600)."""
+    return (
+        f"cannot read {path}: permission denied (safetensors 0.8 and later write weights readable by their owner "
+        "only). Run the evaluator as the trainer's user, or make the files readable (chmod a+r)"
+    )
+
+
 def _safetensors_short(path: Path) -> str | None:
-    """Why a safetensors file is not whole (its header names more bytes than the file holds), None if whole."""
+    """Why a safetensors file is not whole (its header names more bytes than the file holds), None if whole (or not
+    ours to read: the reader then says so)."""
     size = path.stat().st_size
     try:
         with open(path, "rb") as f:
@@ -110,6 +105,8 @@ def _safetensors_short(path: Path) -> str | None:
             if n <= 0 or 8 + n > size:
                 return f"{path.name} is shorter than its header"
             header = json.loads(f.read(n))
+    except PermissionError:
+        return None
     except (OSError, ValueError):
         return f"{path.name}'s header is not readable yet"
     end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
@@ -188,7 +185,9 @@ def read_training_pickle(path: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     return strip_prefixes(sd), cfg
 
 
-def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_hf_folder(folder: Path, ignore: tuple[str, ...] = ()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """config.json + every *.safetensors of a folder; `ignore`: files beside them that are not the drafter (SpecForge's
+    legacy step folder: training_state.pt, never unpickled)."""
     from safetensors.torch import load_file
 
     cfg_path = folder / "config.json"
@@ -200,7 +199,7 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
-    pickles, files = _formats(folder)
+    pickles, files = _formats(folder, ignore)
     if not files:
         hint = (
             f" ({pickles[0].name} is a torch pickle: save its state dict with safetensors.torch.save_file as "
@@ -213,6 +212,8 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     for f in files:
         try:
             sd.update(load_file(str(f)))
+        except PermissionError:
+            raise CheckpointError(unreadable(f)) from None
         except Exception as e:
             raise CheckpointError(f"cannot read {f}: {type(e).__name__}: {str(e)[:200]}. The file is corrupt") from None
     return strip_prefixes(sd), cfg

@@ -19,7 +19,10 @@ tensor names, reading every field that changes the computation as vLLM reads it,
   above; dflash2's convolution and selector keys go to `dflash_config` under
   `architectures: ["DFlash2DraftModel"]` for the parser to judge; `sliding_window_non_causal` (true by
   default for dflash2) -> `dflash_config.causal: false` where there are sliding layers. Refused: a Domino
-  projector, `sample_from_anchor`, `shift_label`, a proposal count other than B - 1.
+  projector, `shift_label`, a proposal count other than B - 1 (dflash, dflash2).
+- speculators `dspark`: as dflash, plus the Markov and confidence keys (top level, speculators' defaults where
+  left out) and the slot convention: `sample_from_anchor`, else `speculative_tokens` (= block_size: the anchor
+  convention, = block_size - 1: DFlash's), else refused; the block's B rows give SGLang's gamma B or B - 1.
 - Tensors (vLLM's weight mapper): `midlayer.` -> `layers.0.`, `encoder.fc.` -> `fc.`,
   `encoder.output_norm_enc.` -> `hidden_norm.`, `draft_id_to_target_id` -> `d2t`; `t2d` dropped (vLLM
   skips it). `own_tensors` then reads `embed_tokens.weight`, `lm_head.weight` and `d2t` as vLLM does
@@ -47,7 +50,13 @@ RENAMES = (
     ("draft_id_to_target_id", "d2t"),
 )
 DROPPED = ("t2d",)  # vLLM's loader skips it (the target-to-draft map serves training only)
-SPEC_TYPES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+SPEC_TYPES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "DSparkDraftModel"}
+SPEC_DSPARK = {  # speculators' DSpark fields (top level) and their defaults when a config leaves them out
+    "markov_rank": 256,
+    "markov_head_type": "vanilla",
+    "enable_confidence_head": True,
+    "confidence_head_with_markov": True,
+}
 SPEC_TRAINING = {  # speculators keys that only shape training (or a Domino projector, refused on its own)
     "pure_draft_prefix_len",
     "emb_dim",
@@ -189,6 +198,7 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
             "transformer_layer_config", tlc, "should be the draft layers' Qwen3 config (a mapping); fix config.json"
         )
     rest = {k: v for k, v in raw.items() if k != "transformer_layer_config"}
+    anchor = rest.pop("sample_from_anchor", None) if kind == "dspark" else None
     for key, bad, why in (
         ("projector_type", lambda v: v not in (None, "dflash"), "the Domino correction head"),
         ("sample_from_anchor", bool, "drafting the anchor slot too (DSpark's block)"),
@@ -213,6 +223,19 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         dc["causal"] = False  # sliding layers non-causal; full layers are so already
     block, mask = rest.pop("block_size", 8), rest.pop("mask_token_id", None)  # speculators' default block: 8
     dc.update({"block_size": block, "mask_token_id": mask})
+    spec = rest.pop("speculators_config", None) or {}
+    tokens = next(iter(spec.get("proposal_methods") or []), {}).get("speculative_tokens")
+    if kind == "dspark":  # the block's B rows: B proposals (sample_from_anchor) or B - 1 (row 0 dropped)
+        anchor = _spec_convention(anchor, tokens, block, notes)
+        dc["block_size"] = block if anchor else block - 1  # SGLang's gamma
+        cfg.update({k: rest.pop(k, v) for k, v in SPEC_DSPARK.items()}, sample_from_anchor=anchor)
+    elif tokens is not None and isinstance(block, int) and tokens != block - 1:
+        raise _refuse(
+            "speculators_config.proposal_methods[0].speculative_tokens",
+            tokens,
+            f"vLLM proposes that many tokens "
+            f"per step, not block_size - 1 = {block - 1} as this evaluator does; not implemented",
+        )
     aux = rest.pop("aux_hidden_state_layer_ids", None)
     if aux is None:
         raise _refuse("aux_hidden_state_layer_ids", None, "vLLM requires it (the taps); the checkpoint should store it")
@@ -222,15 +245,6 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         if rest.get(k) is not None:
             cfg[k] = rest.pop(k)
         rest.pop(k, None)
-    spec = rest.pop("speculators_config", None) or {}
-    tokens = next(iter(spec.get("proposal_methods") or []), {}).get("speculative_tokens")
-    if tokens is not None and isinstance(block, int) and tokens != block - 1:
-        raise _refuse(
-            "speculators_config.proposal_methods[0].speculative_tokens",
-            tokens,
-            f"vLLM proposes that many tokens "
-            f"per step, not block_size - 1 = {block - 1} as this evaluator does; not implemented",
-        )
     verifier = (spec.get("verifier") or {}).get("name_or_path")
     notes.append(
         f"speculators {kind} format: taps = aux_hidden_state_layer_ids - 1 = {dc['target_layer_ids']}"
@@ -239,6 +253,31 @@ def _speculators(raw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     for k in ("speculators_model_type", "architectures", "model_type", *SPEC_TRAINING):
         rest.pop(k, None)
     return {**rest, **cfg}  # the rest (dtype, transformers_version, ...) classified by the parser
+
+
+def _spec_convention(anchor: Any, tokens: Any, block: Any, notes: list[str]) -> bool:
+    """A speculators DSpark export's slot convention: its `sample_from_anchor`, else what its proposal count says
+    (speculative_tokens = block_size: the anchor convention; block_size - 1: DFlash's, as exports written before
+    speculators had the field were trained), else refused."""
+    if anchor is not None:
+        if not isinstance(anchor, bool):
+            raise _refuse("sample_from_anchor", anchor, "should be true or false; fix config.json")
+        notes.append(f"speculators dspark: slot convention from sample_from_anchor={anchor}")
+        return anchor
+    where = "speculators_config.proposal_methods[0].speculative_tokens"
+    if isinstance(block, int) and tokens in (block, block - 1):
+        notes.append(
+            f"speculators dspark without sample_from_anchor: {where}={tokens} with block_size={block} reads as "
+            f"sample_from_anchor={tokens == block}"
+        )
+        return tokens == block
+    raise _refuse(
+        where,
+        tokens,
+        f"a speculators DSpark export without sample_from_anchor says its slot convention by its proposal count "
+        f"(block_size {block}: the anchor convention, block_size - 1: DFlash's); this one says neither. Set "
+        "sample_from_anchor to the convention it was trained in",
+    )
 
 
 def translate(raw: dict[str, Any], sd: dict[str, torch.Tensor], folder: Path | None = None) -> Translated:

@@ -26,6 +26,8 @@ BlockMask (CUDA). One block at inference is the case N = 1 with T = committed po
 DFlash2 (`cfg.arch == "dflash2"`, dflash/models/drafter/dflash2.py): each layer wraps its attention and its
 MLP in a `BlockConv` (within each block of B slots of the flattened layout), and the drafter holds a
 `candidate_selector`; the proposal rule (`dflash2.propose`) is the caller's, as the LM head is.
+DSpark (`cfg.arch == "dspark"`, dflash/models/drafter/dspark.py): the same forward over its block (B = its rows,
+block convolutions where its config has them), plus `markov_head` and `confidence_head` for the rollout.
 
 Parameter names follow the public HF format, so a public checkpoint loads as it is.
 """
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 
 from dflash.models.drafter.config import DrafterConfig, build_target_layer_ids
 from dflash.models.drafter.dflash2 import BlockConv, CandidateSelector
+from dflash.models.drafter.dspark import ConfidenceHead, build_heads
 from dflash.models.drafter.rope import rotary_parameters
 from dflash.util.errors import CheckpointError
 
@@ -268,10 +271,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.B = cfg.block_size
-        d2 = cfg.dflash2
-        if d2 is not None and d2.has_conv:  # DFlash2: both sublayers wrapped in a block convolution
-            self.attention_conv = BlockConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
-            self.mlp_conv = BlockConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
+        if cfg.conv is not None:  # DFlash2's (or a DSpark drafter's): both sublayers wrapped in a block convolution
+            self.attention_conv = BlockConv(cfg.hidden_size, *cfg.conv)
+            self.mlp_conv = BlockConv(cfg.hidden_size, *cfg.conv)
 
     def _sublayer(self, f, x: Tensor, conv: BlockConv | None) -> Tensor:
         if conv is None:
@@ -312,6 +314,10 @@ class DFlashDrafter(nn.Module):
         if cfg.dflash2 is not None:
             d2 = cfg.dflash2
             self.candidate_selector = CandidateSelector(H, d2.vocab_size or 1, d2.selector_rank)
+        self.confidence_head: ConfidenceHead | None = None
+        if cfg.dspark is not None:  # DSpark: the Markov head (and the confidence head when enabled)
+            vocab = cfg.dspark.vocab_size or 1
+            self.markov_head, self.confidence_head = build_heads(cfg.dspark, vocab, cfg.draft_vocab_size or vocab, H)
         apply = sliding_window == "apply"
         self.windows = [cfg.sliding_window if apply and t == "sliding_attention" else None for t in cfg.layer_types]
         self.causal = [
@@ -346,6 +352,8 @@ class DFlashDrafter(nn.Module):
                         m.identity_()
                     else:
                         m.base_kernel[:, 0] += 1.0
+            if self.confidence_head is not None:
+                self.confidence_head.float()
             if self.cfg.dflash2 is not None:
                 sel = self.candidate_selector
                 if identity:
@@ -401,8 +409,19 @@ class DFlashDrafter(nn.Module):
         z = target_head(h) if self.lm_head is None else self.lm_head(h)
         if self.cfg.logit_scale != 1.0:
             z = z * self.cfg.logit_scale
+        return self.to_target(z, float("-inf"))
+
+    def to_target(self, z: Tensor, fill: float) -> Tensor:
+        """Values over the drafter's vocabulary [..., V_draft] -> over the target's [..., V]: draft id i lands at
+        i + d2t[i], every other id `fill`; the identity without a reduced draft vocabulary."""
         if self.d2t is None:
             return z
-        full = z.new_full((*z.shape[:-1], self.cfg.vocab_size), float("-inf"))
+        full = z.new_full((*z.shape[:-1], self.cfg.vocab_size), fill)
         full[..., self.d2t.to(z.device) + torch.arange(z.shape[-1], device=z.device)] = z
         return full
+
+    def keep_float32_(self) -> "DFlashDrafter":
+        """The confidence head back to float32 after a cast of the whole drafter (SGLang keeps it float32)."""
+        if self.confidence_head is not None:
+            self.confidence_head.float()
+        return self

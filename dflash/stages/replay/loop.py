@@ -6,7 +6,7 @@ reference. So the loop is index walking over proposals (`verify` is its one rule
 
     pos = P                          # first anchor: the token the prefill produced
     while pos < T - 1:               # T = len(prompt + reference)
-        a = longest prefix of proposal[pos] equal to reference[pos+1 : pos+B]
+        a = longest prefix of proposal[pos] equal to reference[pos+1 : pos+1+K]   # K drafts
         commit = min(a + 1, T - 1 - pos)      # accepted + bonus, capped where the reference ends
         pos += commit
 
@@ -14,8 +14,6 @@ reference. So the loop is index walking over proposals (`verify` is its one rule
 - `all` (`replay_all`): batched drafter passes over *every* anchor position of a group of prompts
   (`draft_many`); the LM head over every slot at the teacher-forced anchors and, at the others, only over
   the slots a walk reads (rounds over slot groups while the prefix matches the reference: `lazy_heads`).
-  A(p), the accepted prefix at every anchor, then fixes the walk, which runs on the device for all prompts
-  at once (dflash/stages/replay/walk.py: pointer doubling, no step-by-step host loop).
 - `visited` (`replay_visited`): only the anchors the loop visits (one in τ), drafted in lockstep over a
   group of prompts (one drafter pass per step over every prompt's anchor, one host read of its proposals),
   with the LM head only over the slots the walk reads.
@@ -29,6 +27,13 @@ DFlash2 drafters (dflash/models/drafter/dflash2.py): the proposal is the selecto
 passes also give the unary argmax, whose own walk over the same reference is counted beside
 (`Counters.unary_steps` / `unary_committed`: the unary τ), and the unary top-k (teacher-forced: the
 unary top-1 hits and the top-k recall). The `visited` mode follows both walks in one lockstep.
+DSpark drafters (dflash/models/drafter/dspark.py): the proposal is the Markov rollout, the unary walk its base
+argmax (the block without the Markov head); with a confidence head, one more walk per `ReplayOptions.thresholds`
+t verifies only the drafts before the first slot whose confidence is below t (`verified`; `Counters.thr_*`), and
+the teacher-forced anchors count the head's calibration (`calibrate`). Every drafter's replay also walks the
+other slot convention (`ReplayOptions.other`: the same drafter passes read one row earlier or later;
+`Counters.other_*`), what the convention check compares. A verify step runs `Counters.block_size` tokens: the
+anchor and the drafter's K proposals (DSpark's anchor convention: K = its rows, else rows - 1).
 The drafter's side (context K/V, drafter passes, the lazy LM head) is dflash/stages/replay/drafts.py.
 
 The drafter's context keys and values depend on the taps alone (`DFlashDrafter.context_kv`): they are
@@ -47,9 +52,11 @@ from torch import Tensor
 
 from dflash.models.drafter.model import DFlashDrafter
 from dflash.models.target.model import Target
-from dflash.stages.metrics import Counters, count_step
+from dflash.stages.metrics import CAL_BINS, Counters, count_step
 from dflash.stages.replay.drafts import (  # noqa: F401  (re-exported: the replay's drafter side)
     CTX_ROUND,
+    FIELDS,
+    HEAD_BYTES,
     HEAD_GROUPS,
     KV,
     Drafts,
@@ -62,12 +69,12 @@ from dflash.stages.replay.drafts import (  # noqa: F401  (re-exported: the repla
     finite_rows,
     lazy_greedy,
     lazy_proposals,
+    other_offset,
     padded_kv,
     prepare,
-    reference_after,
+    propose_rows,
     refuse_non_finite,
 )
-from dflash.stages.replay.walk import accepted_lengths, walk
 
 ANCHOR_MODES = ("all", "visited")
 
@@ -75,16 +82,18 @@ ANCHOR_MODES = ("all", "visited")
 @dataclass
 class Block:
     anchor_pos: int
-    proposal: list[int]  # drafted slots 1..B-1 (`visited`: up to the slots the walk read)
+    proposal: list[int]  # the drafted tokens (`visited`: up to the slots the walk read)
     accepted: int
     unary: list[int] | None = (
-        None  # DFlash2: the unary argmax at the same slots (samples.html marks where the walk differs)
+        None  # DFlash2 / DSpark: the unary argmax at the same slots (samples.html marks where the walk differs)
     )
+    accept_p: list[float] | None = None  # DSpark's confidence head: each drafted slot's predicted acceptance
 
 
-def verify(seq: list[int], pos: int, proposal: list[int], block_size: int) -> tuple[int, int]:
-    """The verify rule at the anchor `pos`: -> (accepted drafted tokens, committed tokens)."""
-    labels = seq[pos + 1 : pos + block_size]
+def verify(seq: list[int], pos: int, proposal: list[int], width: int) -> tuple[int, int]:
+    """The verify rule at the anchor `pos` over `width` tokens (the anchor and up to width - 1 drafts): -> (accepted
+    drafted tokens, committed tokens)."""
+    labels = seq[pos + 1 : pos + width]
     a = 0
     while a < len(labels) and a < len(proposal) and proposal[a] == labels[a]:
         a += 1
@@ -92,18 +101,56 @@ def verify(seq: list[int], pos: int, proposal: list[int], block_size: int) -> tu
 
 
 def replay(
-    seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int, selector: bool = False
+    seq: list[int], first_anchor: int, proposals: list[list[int]], block_size: int, selector: bool = False, **kw
 ) -> tuple[Counters, list[Block]]:
-    """Walk the draft-verify loop over precomputed proposals (row i: the anchor first_anchor + i)."""
-    c = Counters(block_size=block_size, prompts=1, new_tokens=1, selector=selector)
+    """Walk the draft-verify loop over precomputed proposals (row i: the anchor first_anchor + i) with verify steps of
+    `block_size` tokens (the anchor and up to block_size - 1 drafts); a shorter proposal verifies only its drafts
+    (`drafted` counts them). `kw`: further Counters fields."""
+    c = Counters(block_size=block_size, prompts=1, new_tokens=1, selector=selector, **kw)
+    width = block_size
     blocks, pos = [], first_anchor
     while pos < len(seq) - 1:
         prop = proposals[pos - first_anchor]
-        a, commit = verify(seq, pos, prop, block_size)
-        count_step(c, a, commit)
+        a, commit = verify(seq, pos, prop, width)
+        count_step(c, a, commit, len(prop))
         blocks.append(Block(pos, list(prop), a))
         pos += commit
     return c, blocks
+
+
+def verified(accept_p: Tensor, t: float) -> Tensor:
+    """DSpark's threshold rule (DeepSpec's evaluator, llama.cpp's --spec-draft-conf-min): accept_p [A, K] -> the drafts
+    each step verifies [A]: those before the first slot whose confidence is below t (K if none; 0 allowed)."""
+    below = accept_p < t  # t <= 0: never
+    K = accept_p.shape[-1]
+    return torch.where(below.any(-1), below.to(torch.uint8).argmax(-1), K)
+
+
+def add_walk(c: Counters, i: int, w: Counters) -> None:
+    """Threshold i's walk `w` into c's thr_* counters."""
+    c.thr_steps[i] += w.steps
+    c.thr_committed[i] += w.committed
+    c.thr_accepted[i] += w.accepted
+    c.thr_drafted[i] += w.drafted
+
+
+def counter_fields(drafter: DFlashDrafter, opt: ReplayOptions) -> dict:
+    """What this drafter's replay walks beside the proposal, as Counters fields (block_size = the verify width)."""
+    cfg, ds = drafter.cfg, drafter.cfg.dspark
+    conf = ds is not None and ds.confidence
+    return dict(
+        block_size=cfg.width,
+        selector=cfg.dflash2 is not None,
+        markov=ds is not None,
+        confidence=conf,
+        thresholds=list(opt.thresholds) if conf else [],
+        other_width=cfg.block_size - other_offset(cfg) + 1 if opt.other else 0,
+    )
+
+
+def new_counters(drafter: DFlashDrafter, opt: ReplayOptions) -> Counters:
+    """One prompt's empty counters for this drafter's replay."""
+    return Counters(prompts=1, new_tokens=1, **counter_fields(drafter, opt))
 
 
 def teacher_forced(
@@ -116,11 +163,14 @@ def teacher_forced(
     stride: int = 1,
     unary: Tensor | None = None,
     topk: Tensor | None = None,
+    accept_p: Tensor | None = None,
 ) -> None:
     """Add slot-k accuracy over the anchors of `proposals` (row i: the anchor first_anchor + i*stride) to c,
-    with `nll`/`conf` (draft_anchors') the reference token's NLL and the top-1 probability, and with
-    `unary` [A, K] / `topk` [A, K, k] (DFlash2) the unary top-1 hits and the reference token's top-k
-    presence. One masked comparison over all anchors, on the proposals' device."""
+    with `nll`/`conf` (draft_anchors') the reference token's NLL and the top-1 probability, with
+    `unary` [A, K] (DFlash2, DSpark) the unary top-1 hits, with `topk` [A, K, k] (DFlash2) the reference token's
+    top-k presence, and with `accept_p` [A, K] (DSpark) the confidence head's calibration: per slot k the predicted
+    Π_{i<=k} accept_p_i against whether drafts 1..k all equal the reference. One masked comparison over all anchors,
+    on the proposals' device."""
     props = torch.as_tensor(proposals, dtype=torch.long)
     K = c.block_size - 1
     if props.numel() == 0:
@@ -139,8 +189,9 @@ def teacher_forced(
         return [a + b for a, b in zip(acc, v.tolist())]
 
     c.tf_total, c.tf_correct = add(c.tf_total, valid.sum(0)), add(c.tf_correct, hit.sum(0))
-    if unary is not None and topk is not None:
+    if unary is not None:
         c.tf_unary_correct = add(c.tf_unary_correct, ((unary.to(dev).reshape(-1, K) == label) & valid).sum(0))
+    if topk is not None:
         c.tf_topk_hit = add(
             c.tf_topk_hit, ((topk.to(dev).reshape(-1, K, topk.shape[-1]) == label[..., None]).any(-1) & valid).sum(0)
         )
@@ -148,11 +199,35 @@ def teacher_forced(
         for name, x in (("tf_nll", nll), ("tf_conf", conf)):
             x = torch.as_tensor(x, dtype=torch.float64, device=dev).reshape(-1, K)
             setattr(c, name, add(getattr(c, name), torch.where(valid, x, 0.0).sum(0)))
+    if accept_p is not None and c.confidence:
+        calibrate(c, torch.as_tensor(accept_p, device=dev).reshape(-1, K), hit, valid)
+
+
+def calibrate(c: Counters, accept_p: Tensor, hit: Tensor, valid: Tensor) -> None:
+    """The confidence head's calibration counters from A anchors' [A, K] confidences, teacher-forced hits and labels."""
+    pred = accept_p.double().cumprod(-1)  # predicted: slots 1..k all accepted
+    won = hit.long().cumprod(-1).bool()  # realised: drafts 1..k all equal the reference
+    y = won.double()
+    zero = torch.zeros((), dtype=torch.float64, device=pred.device)
+
+    def add(acc: list, v: Tensor) -> list:
+        return [a + b for a, b in zip(acc, v.tolist())]
+
+    c.cal_total = add(c.cal_total, valid.sum(0))
+    c.cal_hit = add(c.cal_hit, (won & valid).sum(0))
+    c.cal_pred = add(c.cal_pred, torch.where(valid, pred, zero).sum(0))
+    c.cal_sq = add(c.cal_sq, torch.where(valid, (pred - y) ** 2, zero).sum(0))
+    b = (pred[valid] * CAL_BINS).long().clamp(0, CAL_BINS - 1)
+    c.bin_total = add(c.bin_total, torch.bincount(b, minlength=CAL_BINS))
+    c.bin_pred = add(c.bin_pred, torch.bincount(b, pred[valid], minlength=CAL_BINS))
+    c.bin_hit = add(c.bin_hit, torch.bincount(b, y[valid], minlength=CAL_BINS).round().long())
 
 
 def _teacher_forced(s: ReplaySeq, ids: Tensor, d: Drafts, c: Counters, stride: int) -> None:
     """teacher_forced over drafts made at every stride-th anchor from s.first (ids: s's ids where d is)."""
-    teacher_forced(ids, s.first, d.tokens, c, d.nll, d.conf, stride=stride, unary=d.unary, topk=d.topk)
+    teacher_forced(
+        ids, s.first, d.tokens, c, d.nll, d.conf, stride=stride, unary=d.unary, topk=d.topk, accept_p=d.accept_p
+    )
 
 
 def _to_host(seqs: list[ReplaySeq], drafts: list[Drafts]) -> tuple[list[Tensor], list[Drafts]]:
@@ -164,72 +239,113 @@ def _to_host(seqs: list[ReplaySeq], drafts: list[Drafts]) -> tuple[list[Tensor],
         parts = iter(torch.cat(full).cpu().split([len(x) for x in full]) if full else ())
         return [next(parts) if len(x) else x.cpu() for x in xs]
 
-    names = ("tokens", "unary", "topk", "nll", "conf")
-    cols = [[getattr(d, n) for d in drafts] for n in names]
+    cols = [[getattr(d, n) for d in drafts] for n in FIELDS]
     cols = [host(c) if c[0] is not None else c for c in cols]
     return host([s.ids for s in seqs]), [Drafts(*row) for row in zip(*cols)]
 
 
 def _stride(d: Drafts, st: int) -> Drafts:
-    return Drafts(*(None if x is None else x[::st] for x in (d.tokens, d.unary, d.topk, d.nll, d.conf)))
+    return Drafts(*(None if x is None else x[::st] for x in (getattr(d, n) for n in FIELDS)))
 
 
-def _grid(s: ReplaySeq, st: int) -> Tensor:
-    """bool [T-1-P]: the teacher-forced anchors (every st-th from P) among all of s's anchors."""
-    return torch.arange(max(0, s.T - 1 - s.first), device=s.ids.device) % st == 0
-
-
-@torch.no_grad()
 def replay_all(
     drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
 ) -> list[tuple[Counters, list[Block]]]:
     """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`: every slot through
-    the LM head at the teacher-forced anchors, only the slots a walk reads at the others), then walk every prompt at
-    once on the device (`walk.walk` over the accepted lengths; DFlash2: the unary argmax's walk too)."""
-    B, sel, dev = drafter.cfg.block_size, drafter.cfg.dflash2 is not None, seqs[0].ids.device
-    K, anchors = B - 1, [torch.arange(s.first, s.T - 1, device=dev) for s in seqs]
-    drafts = draft_many(drafter, target, seqs, anchors, opt, full=[_grid(s, opt.tf_stride) for s in seqs])
-    labels = [reference_after(s, a, K)[0] for s, a in zip(seqs, anchors)]
-    first, T = (torch.tensor([getattr(s, n) for s in seqs], device=dev) for n in ("first", "T"))
-
-    def lengths(props: list[Tensor]) -> Tensor:  # [S, Tmax]: a(p) at anchor position p
-        acc = torch.zeros(len(seqs), max(s.T for s in seqs), dtype=torch.long, device=dev)
-        for i, (s, x, lab) in enumerate(zip(seqs, props, labels)):
-            acc[i, s.first : s.T - 1] = accepted_lengths(x.to(dev), lab)
-        return acc
-
-    w = walk(lengths([d.tokens for d in drafts]), first, T, K)
-    outs = w.counters(B, selector=sel)
-    if sel:
-        u = walk(lengths([d.unary for d in drafts]), first, T, K)
-        for c, steps, committed in zip(outs, u.steps.tolist(), u.committed.tolist()):
-            c.unary_steps, c.unary_committed = steps, committed
-    for s, d, c in zip(seqs, drafts, outs):
-        _teacher_forced(s, s.ids, _stride(d, opt.tf_stride), c, opt.tf_stride)
-    return list(zip(outs, _blocks(seqs, drafts, labels, w.visited)))
+    the LM head at the teacher-forced anchors, only the slots a walk reads at the others), then walk each."""
+    anchors = [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs]
+    grid = [torch.arange(len(a), device=a.device) % opt.tf_stride == 0 for a in anchors]  # the teacher-forced ones
+    drafts = draft_many(drafter, target, seqs, anchors, opt, full=grid)
+    ids, drafts = _to_host(seqs, drafts)
+    return [_walk_all(drafter, s, i, d, opt) for s, i, d in zip(seqs, ids, drafts)]
 
 
-def _blocks(seqs: list[ReplaySeq], drafts: list[Drafts], labels: list[Tensor], visited: Tensor) -> list[list[Block]]:
-    """The walk's verify steps per prompt, from one host copy for the group: anchor, proposal (the slots drafted),
-    accepted, and the unary argmax (DFlash2)."""
-    dev, K = visited.device, labels[0].shape[1]
-    first = torch.tensor([s.first for s in seqs], device=dev)
-    offset = torch.tensor([0] + [len(x) for x in labels], device=dev).cumsum(0)[:-1]  # each prompt's first draft row
-    i, p = visited.nonzero().unbind(1)  # [n]: the verify steps, prompt by prompt, in anchor order
-    row = offset[i] + p - first[i]
-    tok = torch.cat([d.tokens.to(dev) for d in drafts])[row]  # [n, K]
-    cols = [i[:, None], p[:, None], accepted_lengths(tok, torch.cat(labels)[row])[:, None], tok]
-    uni = drafts[0].unary is not None
-    cols += [torch.cat([d.unary.to(dev) for d in drafts])[row]] if uni else []
-    out: list[list[Block]] = [[] for _ in seqs]
-    for r in torch.cat(cols, 1).tolist():
-        out[r[0]].append(Block(r[1], _drafted(r[3 : 3 + K]), r[2], _drafted(r[3 + K :]) if uni else None))
-    return out
+def _walk_all(
+    drafter: DFlashDrafter, s: ReplaySeq, ids: Tensor, d: Drafts, opt: ReplayOptions
+) -> tuple[Counters, list[Block]]:
+    """One prompt's walks over its drafts at every anchor, teacher-forced at the stride; ids and d on the host
+    (`_to_host`). Beside the proposal's walk: the unary argmax's (DFlash2, DSpark), one per confidence threshold
+    (DSpark: the proposal cut at `verified`), the other slot convention's (opt.other)."""
+    seq, fields = ids.tolist(), counter_fields(drafter, opt)
+    c, blocks = replay(seq, s.first, d.tokens.tolist(), **fields)
+    for b in blocks:
+        b.proposal = _drafted(b.proposal)
+    if d.unary is not None:
+        unary = d.unary.tolist()
+        cu, _ = replay(seq, s.first, unary, c.block_size)
+        c.unary_steps, c.unary_committed = cu.steps, cu.committed
+        for b in blocks:
+            b.unary = _drafted(unary[b.anchor_pos - s.first])
+    if d.accept_p is not None and c.confidence:
+        conf = d.accept_p.tolist()
+        for b in blocks:
+            b.accept_p = conf[b.anchor_pos - s.first]
+        toks = d.tokens.tolist()
+        for i, t in enumerate(c.thresholds):
+            cut = [p[:n] for p, n in zip(toks, verified(d.accept_p, t).tolist())]
+            add_walk(c, i, replay(seq, s.first, cut, c.block_size)[0])
+    if d.other is not None and c.other_width:
+        co, _ = replay(seq, s.first, d.other.tolist(), c.other_width)
+        c.other_steps, c.other_committed = co.steps, co.committed
+    _teacher_forced(s, ids, _stride(d, opt.tf_stride), c, opt.tf_stride)
+    return c, blocks
 
 
 def _drafted(prop: list[int]) -> list[int]:
-    """A proposal without the slots the lazy head left undrafted (-1: a tail)."""
+    """A proposal without the slots the lazy head left undrafted (-1: a tail; `draft_many`)."""
     return prop[: prop.index(-1)] if -1 in prop else prop
+
+
+@dataclass
+class Found:
+    """What the visited mode drafted at one anchor (lists on the host; None where not computed)."""
+
+    tokens: list[int] | None = None  # the proposal (the lazy head's: up to the slots its walk reads)
+    unary: list[int] | None = None
+    accept_p: list[float] | None = None
+    other: list[int] | None = None
+
+
+def _found(d: Drafts, r: int) -> Found:
+    col = lambda x: None if x is None else x[r].tolist()  # noqa: E731
+    return Found(col(d.tokens), col(d.unary), col(d.accept_p), col(d.other))
+
+
+def _visited_drafts(
+    drafter: DFlashDrafter,
+    target: Target,
+    h: Tensor,
+    tok: Tensor,
+    labels: Tensor,
+    other_labels: Tensor,
+    need: list[set[str]],
+    opt: ReplayOptions,
+) -> list[Found]:
+    """h [R, B, H] the block states of R anchors (tokens tok [R]), labels [R, K] / other_labels [R, K'] (the
+    reference, -1 past its end), need: per row the walks that read it -> what each walk reads. DSpark: its rollout in
+    full (the thresholds and the confidence need every slot); the others: the lazy LM head (`lazy_proposals`), the
+    other convention's only on the rows its walk is at."""
+    cfg, R = drafter.cfg, h.shape[0]
+    out = [Found() for _ in range(R)]
+    if cfg.dspark is not None:
+        step = max(1, HEAD_BYTES // (cfg.block_size * target.vocab_size * target.dtype.itemsize))
+        for r in range(0, R, step):
+            p = propose_rows(drafter, target, h[r : r + step], tok[r : r + step], None, opt)
+            d = Drafts(**{n: p[n] for n in FIELDS})
+            out[r : r + step] = [_found(d, j) for j in range(len(d.tokens))]
+        return out
+    main = [r for r in range(R) if need[r] - {"other"}]
+    if main:
+        rows = torch.tensor(main, device=h.device)
+        for r, (p, u) in zip(main, lazy_proposals(drafter, target, h[rows, cfg.offset :], labels[rows], tok[rows])):
+            out[r].tokens, out[r].unary = p, u
+    alt = [r for r in range(R) if "other" in need[r]]
+    if alt:
+        rows = torch.tensor(alt, device=h.device)
+        off = other_offset(cfg)
+        for r, (p, _) in zip(alt, lazy_proposals(drafter, target, h[rows, off:], other_labels[rows], tok[rows])):
+            out[r].other = p
+    return out
 
 
 @torch.no_grad()
@@ -237,77 +353,98 @@ def replay_visited(
     drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
 ) -> list[tuple[Counters, list[Block]]]:
     """The `visited` mode over a group of prompts: the teacher-forced anchors (stride) drafted per sequence,
-    then the loop walked in lockstep: each pass drafts the current anchor of every prompt whose anchor is
-    not among those (opt.chunk rows per pass), with `lazy_proposals`' LM head. DFlash2: the unary argmax's
-    own walk goes along in the same lockstep, its anchors drafted in the same passes."""
-    B, dev, sel = drafter.cfg.block_size, seqs[0].ids.device, drafter.cfg.dflash2 is not None
-    outs, known = [], []  # per prompt: (counters, blocks); {anchor: (proposal, unary)}
+    then every walk (`_walk_all`'s) taken in lockstep: each pass drafts the current anchors of every walk of every
+    prompt that are not among those (opt.chunk rows per pass), each walk reading what it needs (`_visited_drafts`)."""
+    dev = seqs[0].ids.device
+    template = new_counters(drafter, opt)
+    W, W2 = template.block_size, template.other_width
+    walks = ["main", *(["unary"] if template.selector or template.markov else [])]
+    walks += [f"t{i}" for i in range(len(template.thresholds))] + (["other"] if W2 else [])
+    outs, known = [], []  # per prompt: (counters, blocks); {anchor: Found}
     tfs = [torch.arange(s.first, s.T - 1, opt.tf_stride, device=dev) for s in seqs]
     host_ids, drafts = _to_host(seqs, draft_many(drafter, target, seqs, tfs, opt))
     for s, i, tf, d in zip(seqs, host_ids, tfs, drafts):
-        c = Counters(block_size=B, prompts=1, new_tokens=1, selector=sel)
+        c = new_counters(drafter, opt)
         _teacher_forced(s, i, d, c, opt.tf_stride)
-        known.append(
-            dict(
-                zip(
-                    range(s.first, s.T - 1, opt.tf_stride),
-                    zip(d.tokens.tolist(), d.unary.tolist() if sel else [None] * len(tf)),
-                )
-            )
-        )
+        known.append({p: _found(d, r) for r, p in enumerate(range(s.first, s.T - 1, opt.tf_stride))})
         outs.append((c, []))
     kv, ids = padded_kv(seqs), [i.tolist() for i in host_ids]
-    pos = [s.first for s in seqs]
-    upos = [s.first if sel else s.T for s in seqs]  # the unary walk (DFlash2); done from the start for DFlash
-    ucount = [Counters(block_size=B) for _ in seqs]
-    finite: list[tuple[Tensor, Tensor]] = []  # per pass: anchors, their states finite (read once, at the end)
+    pos = {w: [s.first for s in seqs] for w in walks}
+    wc = {w: [Counters(block_size=W2 if w == "other" else W) for _ in seqs] for w in walks if w != "main"}
+    K, K2 = W - 1, max(W2 - 1, 1)
     ext = torch.full(
-        (len(seqs), max(s.T for s in seqs) + B), -1, dtype=torch.long, device=dev
-    )  # [S, Tmax+B]: -1 past each end
+        (len(seqs), max(s.T for s in seqs) + max(K, K2) + 1), -1, dtype=torch.long, device=dev
+    )  # [S, Tmax+...]: -1 past each end
     for i, s in enumerate(seqs):
         ext[i, : s.T] = s.ids
+    finite: list[tuple[Tensor, Tensor]] = []  # per pass: anchors, their states finite (read once, at the end)
     while True:
-        need = sorted({(i, p) for i, s in enumerate(seqs) for p in (pos[i], upos[i]) if p < s.T - 1})
+        need: dict[tuple[int, int], set[str]] = {}
+        for w in walks:
+            for i, s in enumerate(seqs):
+                if pos[w][i] < s.T - 1:
+                    need.setdefault((i, pos[w][i]), set()).add(w)
         if not need:
             break
-        todo, drafted = [(i, p) for i, p in need if p not in known[i]], {}
+        todo, drafted = [(i, p) for i, p in sorted(need) if p not in known[i]], {}
         for part in (todo[j : j + opt.chunk] for j in range(0, len(todo), opt.chunk)):
             rows_i, rows_p = [i for i, _ in part], [p for _, p in part]  # on the host: no read of the device
             idx, anc = torch.tensor(rows_i, device=dev), torch.tensor(rows_p, device=dev)  # [R]
             L = min(kv[0][0].shape[2], -(-(max(rows_p) + int(opt.see_anchor)) // CTX_ROUND) * CTX_ROUND)
-            sub = (
+            rows = (
                 kv
                 if rows_i == list(range(len(seqs)))
                 else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
             )
+            tok = ext[idx, anc]
             h = drafter_hidden(
-                drafter, target, ext[idx, anc][:, None], anc[:, None], sub, opt.backend, opt.see_anchor, L, False
-            )  # [R, 1, B-1, H]
+                drafter, target, tok[:, None], anc[:, None], rows, opt.backend, opt.see_anchor, L, False
+            )  # [R, 1, B, H]
             finite.append((anc, finite_rows(h)[:, 0]))
-            labels = ext[idx[:, None], anc[:, None] + torch.arange(1, B, device=dev)]  # [R, B-1]
-            drafted.update(zip(part, lazy_proposals(drafter, target, h[:, 0], labels, ext[idx, anc])))
+            h = h[:, 0]
+            labels = ext[idx[:, None], anc[:, None] + torch.arange(1, K + 1, device=dev)]  # [R, K]
+            other_labels = ext[idx[:, None], anc[:, None] + torch.arange(1, K2 + 1, device=dev)]  # [R, K']
+            found = _visited_drafts(drafter, target, h, tok, labels, other_labels, [need[q] for q in part], opt)
+            drafted.update(zip(part, found))
         for i, s in enumerate(seqs):
-            if pos[i] < s.T - 1:
-                prop, unary = known[i].get(pos[i]) or drafted[(i, pos[i])]
-                a, commit = verify(ids[i], pos[i], prop, B)
-                count_step(outs[i][0], a, commit)
-                outs[i][1].append(Block(pos[i], prop, a, unary))
-                pos[i] += commit
-            if upos[i] < s.T - 1:
-                a, commit = verify(ids[i], upos[i], (known[i].get(upos[i]) or drafted[(i, upos[i])])[1], B)
-                count_step(ucount[i], a, commit)
-                upos[i] += commit
+            c, blocks = outs[i]
+            for w in walks:
+                p = pos[w][i]
+                if p >= s.T - 1:
+                    continue
+                f = known[i].get(p) or drafted[(i, p)]
+                if w == "other":
+                    prop, width = f.other, W2
+                elif w == "unary":
+                    prop, width = f.unary, W
+                elif w.startswith("t"):
+                    n = int(verified(torch.tensor([f.accept_p]), template.thresholds[int(w[1:])])[0])
+                    prop, width = f.tokens[:n], W
+                else:
+                    prop, width = f.tokens, W
+                a, commit = verify(ids[i], p, prop, width)
+                if w == "main":
+                    count_step(c, a, commit)
+                    blocks.append(Block(p, prop, a, f.unary, f.accept_p))
+                else:
+                    count_step(wc[w][i], a, commit, len(prop))
+                pos[w][i] += commit
     if finite:
         refuse_non_finite(*(torch.cat(x) for x in zip(*finite)), drafter.fc.weight.dtype)
-    for (c, _), cu in zip(outs, ucount):
-        c.unary_steps, c.unary_committed = cu.steps, cu.committed
+    for i, (c, _) in enumerate(outs):
+        if "unary" in wc:
+            c.unary_steps, c.unary_committed = wc["unary"][i].steps, wc["unary"][i].committed
+        if "other" in wc:
+            c.other_steps, c.other_committed = wc["other"][i].steps, wc["other"][i].committed
+        for t in range(len(template.thresholds)):
+            add_walk(c, t, wc[f"t{t}"][i])
     return outs
 
 
 def replay_group(
     drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
 ) -> list[tuple[Counters, list[Block]]]:
-    """Replay a group of prompts in opt.anchors' mode -> per prompt (counters, blocks); the same walk in both."""
+    """Replay a group of prompts in opt.anchors' mode -> per prompt (counters, blocks); the same walks in both."""
     if opt.anchors not in ANCHOR_MODES:
         raise ValueError(f"replay anchors={opt.anchors!r}: use one of {ANCHOR_MODES}")
     if opt.anchors == "all":
