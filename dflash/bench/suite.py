@@ -397,7 +397,9 @@ def vl_scale(cfg: config_mod.EvalConfig, a: argparse.Namespace) -> str:
     sizes = {
         d: tuple(int(x) for x in (a.scale_gpu if d.startswith("cuda") else a.scale_cpu).split("x")) for d in devices
     }
-    extra = [o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention"))]
+    extra = [
+        o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention", "device.threads"))
+    ]
     return bench_scale.report(
         a.scale,
         str(Path(cfg.cache_dir).resolve()),
