@@ -1,4 +1,4 @@
-"""What bounds a stage of the scale bench (dflash/bench/scale.py): two floors measured on its device, and a profile.
+"""What bounds a stage of the scale bench (dflash/bench/scale.py): floors measured on its device, and a profile.
 
 - Arithmetic floor of the feature pass: a forward over T tokens multiplies every token by every weight of
   the linear layers it runs, 2 FLOPs per weight and token (`forward_flops`, counted from the loaded
@@ -8,8 +8,11 @@
 - Weight-read floor of a decode step: a step reads every weight once (all parameters but the input
   embeddings, whose rows are gathered: `weight_bytes`); at the device's copy bandwidth (`copy_rate`: a
   large tensor copied, bytes read + written per second) that takes `bytes / rate` seconds.
+- Arithmetic floor of the replay: its matrix products' FLOPs, counted by torch's FLOP counter over one run of
+  the replay (`counted_flops`: the drafter's passes, the LM head on the slots it runs on, attention), at the same
+  GEMM rate.
 
-`floors(model, layers, tokens)` measures both and returns plain numbers. `top_ops(fn, device)` runs `fn`
+`floors(model, layers, tokens)` measures the first two and returns plain numbers. `top_ops(fn, device)` runs `fn`
 under torch.profiler and returns its top ops by self device time (self CPU time on a CPU) as a table.
 No figure here is asserted anywhere: they are reported beside the stages' times.
 """
@@ -94,6 +97,19 @@ def floors(model: nn.Module, layers: nn.Module, tokens: int) -> dict[str, Any]:
         weight_bytes=wb,
         weight_read_s=wb / bw,
     )
+
+
+def counted_flops(fn: Callable[[], Any]) -> float | None:
+    """fn run once under torch's FLOP counter -> its matrix products' FLOPs (mm, addmm, bmm, attention), or None where
+    the counter cannot follow it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FlopCounterMode(display=False) as fc:
+            fn()
+    except Exception:  # a kernel the counter's dispatch mode cannot trace: no floor rather than a wrong one
+        return None
+    return float(fc.get_total_flops())
 
 
 def top_ops(fn: Callable[[], Any], device: torch.device | str, rows: int = 15) -> str:

@@ -45,7 +45,17 @@ from typing import Any
 
 import torch
 
-from dflash.bench.steady import against_floors, floors_of, profiles, reference_steps, steady, steady_rows
+from dflash.bench.floors import counted_flops
+from dflash.bench.steady import (
+    against_floors,
+    amdahl,
+    at_threads,
+    floors_of,
+    profiles,
+    reference_steps,
+    steady,
+    steady_rows,
+)
 from dflash.config import schema as config_mod
 from dflash.config.compose import compose
 from dflash.evaluation import pipeline
@@ -218,8 +228,8 @@ def drafter_from_file(cfg: config_mod.EvalConfig, info: Any, where: Path) -> dic
         )  # the folder says
         c = cfg if kind == "init" else replace(cfg, drafter=saved)
         t0 = time.perf_counter()
-        d = build_drafter(fit_drafter(pipeline.read_drafter_conf(c), info))
-        d.model.to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
+        d = build_drafter(fit_drafter(pipeline.read_drafter_conf(c), info), device=device, dtype=getattr(torch, dtype))
+        d.model.eval().requires_grad_(False)  # built on the device in its dtype, as pipeline.build_beside builds it
         _sync(device)
         out[f"drafter_{kind}_s"] = time.perf_counter() - t0
         if (
@@ -281,20 +291,26 @@ def scale_eval(spec: dict[str, Any]) -> None:
         threads=torch.get_num_threads(),
     )
     out["replay_modes"] = {}  # the replay again in each mode, references cached and features in memory
-    for anchors, stride in (
-        ("all", 1),
-        ("visited", 1),
-        ("visited", 4),
-    ):  # at τ 1 the visited pair gives the per-anchor costs
+    default = (cfg.replay.mode(spec["device"].startswith("cuda")), cfg.replay.tf_stride)
+    out["default_replay"] = mode_key(*default)
+    for anchors, stride in dict.fromkeys(
+        [("all", 1), ("visited", 1), ("visited", 4), default]
+    ):  # at τ 1 the visited pair gives the per-anchor costs; the default's mode at its stride: the steady replay
         again = pipeline.run(replace(cfg, replay=replace(cfg.replay, anchors=anchors, tf_stride=stride)))
-        out["replay_modes"][f"replay.anchors={anchors} replay.tf_stride={stride}"] = again.timings["replay"]
+        out["replay_modes"][mode_key(anchors, stride)] = again.timings["replay"]
+    out["replay_flops"] = counted_flops(lambda: pipeline.run(cfg))  # the default mode once more, counted (not timed)
     taps = res.info.target_layer_ids
     out["steady"], prep = steady(cfg, taps)
     out["reference_steps"] = reference_steps(prep, cfg.references.batch_size, m)
     out["floors"] = floors_of(prep, taps, out["steady"]["feature_tokens"])
     if spec.get("profile"):
         out["profiles"] = profiles(cfg, prep, taps)
+    if spec["device"] == "cpu" and torch.get_num_threads() > 1:  # thread scaling: a user's box has other core counts
+        out["half_threads"] = at_threads(cfg, prep, taps, torch.get_num_threads() // 2)
     del prep
+    out["weight_bytes"] = sum(p.stat().st_size for p in Path(spec["folder"]).glob("*.safetensors"))
+    if spec["device"].startswith("cuda"):
+        out["peak_cuda"] = torch.cuda.max_memory_allocated()
     info = inspect_target("vlm_text", spec["folder"], spec["cache_dir"])
     with tempfile.TemporaryDirectory(prefix="dflash-scale-drafter-") as tmp:
         out.update(drafter_from_file(cfg, info, Path(tmp) / "drafter"))
@@ -323,15 +339,17 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-STEADY_REPLAY = (
-    "replay.anchors=all replay.tf_stride=1"  # the default's mode at the default stride (ReplayConfig.mode), run again
-)
+def mode_key(anchors: str, stride: int) -> str:
+    return f"replay.anchors={anchors} replay.tf_stride={stride}"
+
+
+STEADY_REPLAY = mode_key("all", 1)  # the steady replay of a run that does not name its default (`default_replay`)
 
 
 def _steady(r: dict[str, Any]) -> dict[str, float] | None:
     """The stages' seconds when the child ran them again in its process (`bench_steady`; the replay: its default mode
-    again, `replay_modes`), else None."""
-    s, again = r.get("steady"), r.get("replay_modes", {}).get(STEADY_REPLAY)
+    at its default stride again, `replay_modes`), else None."""
+    s, again = r.get("steady"), r.get("replay_modes", {}).get(r.get("default_replay", STEADY_REPLAY))
     if not s or again is None:
         return None
     return dict(
@@ -382,10 +400,7 @@ def projected_replay(modes: dict[str, float], tokens: int, tau: float, feature_s
     r(1), and c_walk (a visited anchor, the LM head on the slots the walk reads) from r(4) = c_full / 4
     + 3 c_walk / 4. A trained drafter's replay per token is then about c_full / s + c_walk (1 - 1/s) / τ:
     printed for τ of the public drafters, labelled as projected."""
-    r1, r4 = (
-        modes.get("replay.anchors=visited replay.tf_stride=1"),
-        modes.get("replay.anchors=visited replay.tf_stride=4"),
-    )
+    r1, r4 = modes.get(mode_key("visited", 1)), modes.get(mode_key("visited", 4))
     if r1 is None or r4 is None or abs(tau - 1.0) > 1e-9:
         return []
     c_full, c_walk = r1 / tokens, (4 * r4 - r1) / 3 / tokens
@@ -438,12 +453,14 @@ def format_device(r: dict[str, Any]) -> list[str]:
     ]
     lines += [f"  {name:<62} {'-' if v is None else f'{v:8.2f} s'}  {extra}" for name, v, extra in rows]
     lines += against_floors(r)
-    lines.append(f"  peak RSS {r['peak_rss'] / 1e9:.1f} GB; τ {r['tau']:.3f} (random drafter)")
+    lines += memory_rows(r)
     ratio = pt["replay"] / pt["features"]
     lines.append(
         f"  replay per token / feature pass per token{' (steady)' if _steady(r) else ''}: {pt['replay'] * 1e3:.2f} / "
-        f"{pt['features'] * 1e3:.2f} ms = {ratio:.2f}x (target <= 0.5x)"
+        f"{pt['features'] * 1e3:.2f} ms = {ratio:.2f}x (target <= 0.5x); τ {r['tau']:.3f} (random drafter)"
     )
+    lines += per_token_floors(r, pt)
+    lines += threads_rows(r, pt)
     modes = r.get("replay_modes", {})
     for mode, sec in modes.items():
         lines.append(
@@ -490,6 +507,66 @@ def format_device(r: dict[str, Any]) -> list[str]:
             + (f"{extra / save:.0f} decode steps" if save > 0 else "never (no saving per step)")
         )
     return lines
+
+
+def memory_rows(r: dict[str, Any]) -> list[str]:
+    """Peak memory against the weights' bytes (the target's safetensors + the drafter's parameters in bf16)."""
+    target, drafter = r.get("weight_bytes"), 2 * r.get("drafter_params", 0)
+    if not target:
+        return [f"  peak RSS {r['peak_rss'] / 1e9:.1f} GB"]
+    w = target + drafter
+    line = (
+        f"  peak RSS {r['peak_rss'] / 1e9:.1f} GB = {r['peak_rss'] / w:.2f}x the weights' {w / 1e9:.1f} GB (target "
+        f"{target / 1e9:.1f} GB + drafter {drafter / 1e9:.2f} GB in bf16)"
+    )
+    if r.get("peak_cuda"):
+        line += f"; peak CUDA memory allocated {r['peak_cuda'] / 1e9:.1f} GB = {r['peak_cuda'] / w:.2f}x the weights"
+    return [line]
+
+
+def per_token_floors(r: dict[str, Any], pt: dict[str, float]) -> list[str]:
+    """Features and replay per token, each beside this device's matrix-product floor measured in the same run: the
+    feature pass's linear layers (floors.forward_flops), the replay's products counted over one run of its default
+    mode (floors.counted_flops), both at the GEMM rate measured here."""
+    f, s = r.get("floors"), r.get("steady")
+    if f is None or s is None or not r.get("replay_flops"):
+        return []
+    rate = f["gemm_tflops"] * 1e12
+    feat_floor = f["arithmetic_s"] / s["feature_tokens"]
+    rep_floor = r["replay_flops"] / rate / r["new_tokens"]
+    gflop = r["replay_flops"] / r["new_tokens"] / 1e9
+    fx, rx = pt["features"] / feat_floor, pt["replay"] / rep_floor
+    return [
+        f"  per token, steady, beside the matrix-product floor on {r['device']}: "
+        f"features {pt['features'] * 1e3:.3f} ms (floor {feat_floor * 1e3:.3f} ms: {fx:.1f}x), "
+        f"replay {pt['replay'] * 1e3:.3f} ms (floor {rep_floor * 1e3:.3f} ms: {rx:.1f}x; "
+        f"{gflop:.1f} GFLOP a token, counted over a run); at the floors the replay is "
+        f"{rep_floor / feat_floor:.2f}x the features"
+    ]
+
+
+THREADS_PROJECTED = 90  # the core count the thread-scaling row projects to (a user's CPU box)
+
+
+def threads_rows(r: dict[str, Any], pt: dict[str, float]) -> list[str]:
+    """The features and the replay at half the run's threads against all of them, and each projected to
+    THREADS_PROJECTED threads by t(n) = serial + parallel / n through the two points."""
+    h, s = r.get("half_threads"), _steady(r)
+    if h is None or s is None:
+        return []
+    n, n2 = r["threads"], h["threads"]
+    toks = r["prompt_tokens"] + r["new_tokens"]
+    proj = {
+        k: amdahl(n2, h[k], n, full, THREADS_PROJECTED) / tok
+        for k, full, tok in (("features", s["features"], toks), ("replay", s["replay"], r["new_tokens"]))
+    }
+    fs, rs = h["features"] / s["features"], h["replay"] / s["replay"]
+    return [
+        f"  threads {n2} vs {n}: features {h['features']:.2f} vs {s['features']:.2f} s ({fs:.2f}x speed-up), "
+        f"replay {h['replay']:.2f} vs {s['replay']:.2f} s ({rs:.2f}x); projected at {THREADS_PROJECTED} threads "
+        f"(t = serial + parallel / n through the two): features {proj['features'] * 1e3:.3f} ms, "
+        f"replay {proj['replay'] * 1e3:.3f} ms per token ({proj['replay'] / proj['features']:.2f}x)"
+    ]
 
 
 def report(

@@ -80,6 +80,25 @@ def _features_again(
     return stats
 
 
+def at_threads(cfg: EvalConfig, prep: pipeline.Prepared, taps: list[int], n: int) -> dict[str, float]:
+    """The steady features (the configured batching) and the default replay again with n CPU threads: with the run's
+    own thread count, two points of t(n) = serial + parallel / n (`threads_rows`)."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        features = _features_again(cfg, prep, taps, cfg.features.batch(prep.target.device.type == "cuda")).seconds
+        replay = pipeline.run(cfg).timings["replay"]
+    finally:
+        torch.set_num_threads(was)
+    return dict(threads=n, features=features, replay=replay)
+
+
+def amdahl(n1: int, t1: float, n2: int, t2: float, n: int) -> float:
+    """t(n) = s + p / n through (n1, t1) and (n2, t2), at n (s and p clamped at 0)."""
+    p = max(0.0, (t1 - t2) / (1 / n1 - 1 / n2))
+    return max(0.0, t1 - p / n1) + p / n
+
+
 def floors_of(prep: pipeline.Prepared, taps: list[int], tokens: int) -> dict[str, Any]:
     """bench_floors.floors for the prepared target: the arithmetic of the layers a feature pass runs (0 to the deepest
     tap) over `tokens`, one read of all its weights."""

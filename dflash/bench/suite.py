@@ -183,6 +183,7 @@ def sweep(
         f"  warm per checkpoint (target loaded, features in memory; best of 3): {warm:.3f} s ("
         + ", ".join(f"{k} {v:.3f}" for k, v in rw.timings.items())
         + f"; outside the stages {warm - sum(rw.timings.values()):.3f})",
+        sweep_bound(rw.timings, w1, n),
         f"  τ {r1.metrics['acceptance_length']:.3f}, {int(r1.metrics['new_tokens'])} new tokens over "
         f"{int(r1.metrics['prompts'])} prompts",
     ]
@@ -192,6 +193,17 @@ def sweep(
             *("    " + x for x in warm_profile(jobs[-1])),
         ]
     return "\n".join(lines), r1, warm
+
+
+def sweep_bound(warm: dict[str, float], one: float, n: int) -> str:
+    """What bounds a sweep's ratio to one run: every checkpoint after the first pays at least its drafter's load and
+    its replay (the drafter's own arithmetic: its passes and its LM head), measured in this run."""
+    per = warm.get("load_drafter", 0.0) + warm.get("replay", 0.0)
+    return (
+        f"  bound: each further checkpoint pays its drafter's load and replay, {per:.3f} s = {per / one:.1%} of one "
+        f"run (the replay {warm.get('replay', 0.0):.3f} s: the drafter's passes and its LM head), so {n} checkpoints "
+        f"cost at least {1 + (n - 1) * per / one:.2f}x one run"
+    )
 
 
 def online(cfg: config_mod.EvalConfig, res: EvalResult, warm: float, n: int, eager: bool = False) -> str:
@@ -231,19 +243,27 @@ def generation(cfg: config_mod.EvalConfig, res: EvalResult) -> str:
     return format_generation(g)
 
 
-REPLAY_MODES = (("all", 1), ("visited", 1), ("visited", 4), ("visited", 16))  # (replay.anchors, replay.tf_stride)
+REPLAY_MODES = (
+    ("all", 1),
+    ("all", 4),
+    ("visited", 1),
+    ("visited", 4),
+    ("visited", 16),
+)  # (replay.anchors, replay.tf_stride)
 
 
 def replay_modes(cfg: config_mod.EvalConfig, rounds: int = 3) -> str:
     """The replay stage in each mode of REPLAY_MODES on the same references and features (in memory),
-    interleaved `rounds` times (best of): seconds, the ratio to `all`, and whether the loop's counters agree."""
-    best, loops = {}, {}
+    interleaved `rounds` times (best of): seconds, the ratio to `all`, whether the loop's counters agree, and what a
+    stride costs the teacher-forced accuracy (its SE over prompts at the first and the last slot)."""
+    best, loops, se = {}, {}, {}
     for _ in range(rounds):
         for anchors, stride in REPLAY_MODES:
             res = pipeline.run(replace(cfg, replay=replace(cfg.replay, anchors=anchors, tf_stride=stride)))
             best[anchors, stride] = min(best.get((anchors, stride), float("inf")), res.timings["replay"])
             t = res.total
             loops[anchors, stride] = (t.steps, t.committed, t.committed_uncapped, t.accepted_at_pos, t.commit_hist)
+            se[anchors, stride] = res.curves["accuracy_se"]
     base, n = best["all", 1], int(res.metrics["new_tokens"])
     lines = [
         f"replay modes ({int(res.metrics['prompts'])} prompts, {n} new tokens, τ "
@@ -255,11 +275,16 @@ def replay_modes(cfg: config_mod.EvalConfig, rounds: int = 3) -> str:
             if loops[anchors, stride] == loops["all", 1]
             else "LOOP COUNTERS DIFFER FROM all"
         )
+        e = se[anchors, stride]
         lines.append(
             f"  replay.anchors={anchors} replay.tf_stride={stride}: {sec:.2f} s, {n / sec:.0f} tok/s, "
-            f"{sec / base:.2f}x all ({same})"
+            f"{sec / base:.2f}x all ({same}); accuracy SE at slot 1 {_fmt(e[0])}, slot {len(e)} {_fmt(e[-1])}"
         )
     return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
 
 
 def random_target(shape: str, cache_dir: str, tokenizer) -> Path:
@@ -372,7 +397,9 @@ def vl_scale(cfg: config_mod.EvalConfig, a: argparse.Namespace) -> str:
     sizes = {
         d: tuple(int(x) for x in (a.scale_gpu if d.startswith("cuda") else a.scale_cpu).split("x")) for d in devices
     }
-    extra = [o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention"))]
+    extra = [
+        o for o in a.overrides if o.startswith(("target.", "references.", "features.", "attention", "device.threads"))
+    ]
     return bench_scale.report(
         a.scale,
         str(Path(cfg.cache_dir).resolve()),

@@ -248,10 +248,18 @@ class FeaturesConfig:
 
 @dataclass
 class ReplayConfig:
+    """The replay's modes (docs/how-it-works.md, "Modes"). τ and every loop counter are exact in every mode and at
+    every stride; the stride samples the teacher-forced statistics (with their SE over prompts). Why the default is 4:
+    a teacher-forced anchor sends all B-1 slots through the drafter's LM head, a walked one only the slots up to its
+    first rejected one, and per slot the head costs about as much as the drafter's pass or more (SmolLM2's 49k
+    vocabulary: twice a four-layer drafter's arithmetic; Qwen3.6's 248k: three quarters of a five-layer one's), so
+    the stride is the replay's largest lever after the mode; what it saves and what it costs in SE are measured in
+    `dflash-bench`'s replay section (docs/results-full.md)."""
+
     anchors: str = (
         "auto"  # auto (see mode) | visited: only the anchors the loop visits (+ the tf ones) | all: every anchor
     )
-    tf_stride: int = 1  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor
+    tf_stride: int = 4  # teacher-forced accuracy (and scores) at every tf_stride-th anchor; 1: every anchor (exact)
     context_gb: float = 1.0  # visited: the drafter's context keys/values held for one lockstep group of prompts
     # DSpark drafters with a confidence head: also walk verifying only the drafts before the first slot whose
     # confidence is below each t (DeepSpec's rule; docs/dspark.md)

@@ -49,6 +49,8 @@ def test_bench_prints_every_section(tmp_path, qwen3_dir):
         "engine",
         "replay modes",
         "replay.anchors=visited replay.tf_stride=4",
+        "replay.anchors=all replay.tf_stride=4",
+        "bound: each further checkpoint pays its drafter's load and replay",
     ]:
         assert line in summary, (line, summary)
     profile = summary.split("profile of one more warm run", 1)[1]
@@ -121,6 +123,8 @@ def test_bench_scale_vl_prints_every_stage(tmp_path, drafter, kind):
         "profile, feature pass with features.batch_tokens=16384, steady",
         "profile, 8 decode steps (eager) at batch 2",
         "aten::mm",
+        "per token, steady, beside the matrix-product floor on cpu: features",
+        "x the weights'",
     ]:
         assert line in r.stdout, (line, r.stdout)
     (res,) = json.loads(r.stdout.split("raw: ", 1)[1].splitlines()[0])
@@ -142,6 +146,9 @@ def test_bench_scale_vl_prints_every_stage(tmp_path, drafter, kind):
         )
         > 0
     )
+    assert res["replay_flops"] > 0 and res["weight_bytes"] > 0
+    if res["threads"] > 1:  # the thread-scaling row: half the threads against all of them
+        assert res["half_threads"]["threads"] == res["threads"] // 2 and f"threads {res['threads'] // 2} vs" in r.stdout
     step = per_step(s["references"], s["references_setup"], res["reference_steps"])
     assert (
         f"features steady / arithmetic floor = {s['features']:.3f} / {f['arithmetic_s']:.3f} s = "

@@ -7,6 +7,9 @@ not repeated here: these tests are about the device giving the CPU's numbers.
   of a DFlash drafter, a DFlash2 drafter (convolutions and selector far from identity) and a DFlash2 drafter
   with non-causal sliding layers (window < context), in every mode (`anchors` all / visited, `tf_stride`
   1 / 4, with scores): every counter, block and proposal equal to the CPU's; NLL / confidence within 1e-4.
+- The LM head in chunks of the vocabulary (dflash/models/drafter/head.py): the replay with 16 chunks equal to the
+  CPU's one-chunk replay; the chunked top 1 / top k on integer-valued (tied) logits equal to torch.argmax / the
+  canonical order, float32 and bfloat16, also inside a captured CUDA graph.
 - flex attention (CUDA) against the CPU sdpa result on the sliding non-causal DFlash2 drafter, both modes.
 - The feature pass batched (`features.batch_tokens`) on the device against the CPU's one sequence per pass.
 - Local references: `greedy_generate` (on CUDA the static-cache engine with CUDA graphs) equals the CPU's
@@ -215,6 +218,55 @@ def test_flex_equals_cpu_sdpa_on_sliding_non_causal_dflash2(targets, cases, on_c
     want = on_cpu("dflash2_sliding", anchors, stride)
     assert exact(got) == exact(want)
     assert scores(got) == pytest.approx(scores(want), rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+@pytest.mark.parametrize("anchors, stride", [("all", 4), ("visited", 4)])
+def test_replay_with_the_head_in_chunks_on_the_device(
+    targets, cases, on_cpu, monkeypatch, device, kind, anchors, stride
+):
+    """The LM head over 16 chunks of 16 ids (dflash/models/drafter/head.py, one anchor per head call) on the device:
+    the CPU's one-chunk counters and drafts."""
+    from dflash.models.drafter import head
+    from dflash.stages.replay import drafts
+
+    monkeypatch.setattr(head, "MIN_COLS", 16)
+    monkeypatch.setattr(drafts, "HEAD_BYTES", 1)
+    drafter, items = cases[kind]
+    got = replay_on(device, targets(device), drafter, items, anchors=anchors, tf_stride=stride, scores=True)
+    want = on_cpu(kind, anchors, stride)
+    assert exact(got) == exact(want)
+    assert scores(got) == pytest.approx(scores(want), rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_top_k_on_the_device_equals_the_canonical_order(device, dtype):
+    """Integer-valued h and W (every product exact in any order, ties everywhere): on the device the chunked top 1 is
+    torch.argmax and the chunked top k the canonical order (a stable sort), in chunks and in one; on CUDA also inside
+    a captured CUDA graph (no host check can run there: every chunk ranked by keys)."""
+    from test_head import head, stable_topk, tied_case
+
+    from dflash.models.drafter.head import select, top_of_chunks
+
+    h, W = (x.to(device) for x in tied_case(dtype))
+    z = torch.nn.functional.linear(h, W)
+    for cols in (7, 64, 4096):
+        for k in (1, 5, 16):
+            out = top_of_chunks(head(W).chunks(h, cols), k)
+            assert torch.equal(out.ids.cpu(), stable_topk(z.cpu(), k)[1])
+            assert torch.equal(out.ids[:, 0], z.argmax(-1))
+    if device == "cuda":
+        hd, out = head(W), {}
+        static = h.clone()
+        select(hd, static, 16)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out["o"] = select(hd, static, 16, budget=4 * h.shape[0] * 1024)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out["o"].ids.cpu(), stable_topk(z.cpu(), 16)[1])
 
 
 # --- the feature pass, batched ---------------------------------------------------------------------------

@@ -11,8 +11,9 @@ selector walk.
   context's keys and values never pass through it (as SGLang, whose context K/V come from `fc` alone).
   Identity: base[:, 0] = 1, other taps 0, zero projection (how SpecForge starts training).
 - `unary_logits`: the drafter's logits on slots 1..B-1 (`DFlashDrafter.logits`: the target's LM head unless
-  it has its own, times logit_scale), top-k (k = selector_top_k) taken on the raw logits, then in float32
-  × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
+  it has its own, times logit_scale), top-k (k = selector_top_k) taken on the raw logits in the canonical
+  order (value desc, id asc: dflash/models/drafter/head.py, which computes it in chunks of the vocabulary),
+  then in float32 × output_multiplier and c·tanh(x/c) (SGLang's order: both are monotone).
 - `CandidateSelector` + `walk`: from the anchor, slot by slot, candidate j of the unary top-k scores
   unary[j] + <predecessor_codebook[prev] ⊙ (hidden_projection h_p), successor_codebook[cand_j]> and
   the best one (the first in top-k order on ties: argmax) is the draft and the next slot's prev. The
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 
 from dflash.models.drafter.dflash2_config import DFlash2Config
 from dflash.models.drafter.dspark import rollout
+from dflash.models.drafter.head import canonical_topk, head_of, select
 
 
 class BlockConv(nn.Module):
@@ -111,10 +113,16 @@ def transform(logits: Tensor, d2: DFlash2Config) -> Tensor:
 
 
 def unary_candidates(selector: CandidateSelector, d2: DFlash2Config, logits: Tensor, h: Tensor) -> Candidates:
-    """logits [R, K, V] raw LM-head logits, h [R, K, H] the slots' final states -> Candidates."""
-    vals, ids = logits.topk(d2.selector_top_k, dim=-1)
+    """logits [R, K, V] raw LM-head logits, h [R, K, H] the slots' final states -> Candidates (the top k in the
+    canonical order: value desc, id asc; head.py)."""
+    return candidates(selector, d2, *canonical_topk(logits, d2.selector_top_k), h)
+
+
+def candidates(selector: CandidateSelector, d2: DFlash2Config, values: Tensor, ids: Tensor, h: Tensor) -> Candidates:
+    """The raw top k (values, ids [R, K, k], canonical order) and h [R, K, H] -> Candidates: the values transformed
+    after selection (SGLang's order), the slots' selector projections."""
     proj = selector.hidden_projection(h.to(selector.hidden_projection.weight.dtype)).float()
-    return Candidates(ids, transform(vals, d2), proj)
+    return Candidates(ids, transform(values, d2), proj)
 
 
 def walk(selector: CandidateSelector, c: Candidates, prev: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
@@ -140,24 +148,52 @@ class Proposal:
 
 
 def propose(drafter: nn.Module, head: Callable[[Tensor], Tensor], h: Tensor, anchor: Tensor) -> Proposal:
-    """h [R, K, H] slots 1..B-1's final states (the target's dtype), anchor [R] -> Proposal. `head` is the
-    target's LM head, which `drafter.logits` uses unless the drafter has its own (times its logit_scale);
-    the walk starts from the anchor."""
+    """h [R, K, H] the proposal slots' final states (the target's dtype), anchor [R] -> Proposal. `head` is the
+    target's LM head (an nn.Linear: computed in chunks of the vocabulary; any function: whole), which the drafter
+    uses unless it has its own (times its logit_scale: head.head_of); the walk starts from the anchor. DSpark's
+    rollout adds its Markov bias to the whole base row, so it reads the full logits."""
     R, K, H = h.shape
-    logits = drafter.logits(head, h.reshape(R * K, H)).view(
-        R, K, -1
-    )  # 2-D into the head: a 3-D input takes a slow bmm path
-    return propose_logits(drafter, logits, h, anchor)
+    if drafter.cfg.dspark is not None:
+        return propose_logits(drafter, drafter.logits(head, h.reshape(R * K, H)).view(R, K, -1), h, anchor)
+    out = select(head_of(drafter, head), h.reshape(R * K, H), top_k(drafter))  # 2-D: a 3-D input takes a slow bmm
+    return propose_top(drafter, out.values.view(R, K, -1), out.ids.view(R, K, -1), h, anchor)
+
+
+def top_k(drafter: nn.Module) -> int:
+    """How many of the head's best ids the proposal rule reads per slot: 1 (DFlash), selector_top_k (DFlash2)."""
+    d2 = drafter.cfg.dflash2
+    return 1 if d2 is None else d2.selector_top_k
+
+
+def propose_top(drafter: nn.Module, values: Tensor, ids: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
+    """`propose` from the head's canonical top k per slot (values, ids [R, K, k]: head.select)."""
+    return propose_tops(drafter, values, ids, h, anchor, (0,))[0]
+
+
+def propose_tops(
+    drafter: nn.Module, values: Tensor, ids: Tensor, h: Tensor, anchor: Tensor, starts: tuple[int, ...]
+) -> list[Proposal]:
+    """`propose_top` over slots s.. for each s in `starts` (a walk from the anchor each; DFlash and DFlash2): the
+    candidates (DFlash2's projection) computed once for all slots."""
+    d2 = drafter.cfg.dflash2
+    if d2 is None:
+        return [Proposal(ids[:, s:, 0], ids[:, s:, 0], None) for s in starts]
+    c, sel = candidates(drafter.candidate_selector, d2, values, ids, h), drafter.candidate_selector
+    out = []
+    for s in starts:
+        cs = Candidates(c.ids[:, s:], c.scores[:, s:], c.proj[:, s:])
+        out.append(Proposal(walk(sel, cs, anchor.to(c.ids.device)), cs.ids[..., 0], cs.ids))
+    return out
 
 
 def propose_logits(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor) -> Proposal:
-    """`propose` from the drafter's raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
+    """`propose` from the drafter's full raw logits [R, K, V] (`DFlashDrafter.logits`: target ids)."""
     return propose_from(drafter, logits, h, anchor, (0,))[0]
 
 
 def propose_from(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor, starts: tuple[int, ...]) -> list:
     """`propose_logits` over slots s.. of the same rows for each s in `starts` (a walk from the anchor each): the
-    unary part (argmax, DFlash2's top-k and projection) computed once for all rows, as it is row by row."""
+    unary part (the canonical top k, DFlash2's projection) computed once for all rows, as it is row by row."""
     if drafter.cfg.dspark is not None:  # DSpark: the Markov walk (dflash/models/drafter/dspark.py)
         mapped = drafter.to_target if drafter.d2t is not None else None
         out = []
@@ -167,13 +203,4 @@ def propose_from(drafter: nn.Module, logits: Tensor, h: Tensor, anchor: Tensor, 
             )
             out.append(Proposal(tokens, logits[:, s:].argmax(-1), None, conf))
         return out
-    d2 = drafter.cfg.dflash2
-    if d2 is None:
-        top = logits.argmax(-1)
-        return [Proposal(top[:, s:], top[:, s:], None) for s in starts]
-    c = unary_candidates(drafter.candidate_selector, d2, logits, h)
-    out = []
-    for s in starts:
-        cs = Candidates(c.ids[:, s:], c.scores[:, s:], c.proj[:, s:])
-        out.append(Proposal(walk(drafter.candidate_selector, cs, anchor.to(c.ids.device)), cs.ids[..., 0], cs.ids))
-    return out
+    return propose_tops(drafter, *canonical_topk(logits, top_k(drafter)), h, anchor, starts)

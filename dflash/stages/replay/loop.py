@@ -11,14 +11,17 @@ reference. So the loop is index walking over proposals (`verify` is its one rule
         pos += commit
 
 `ReplayOptions.anchors` says which proposals are drafted (both give the same walk, counter for counter):
-- `all`: batched drafter passes over *every* anchor position of a group of prompts (`draft_many`), so every
-  proposal the loop could see exists, and teacher-forced accuracy comes from the same drafts.
-- `visited` (`replay_visited`): only the anchors the loop visits (one in τ), drafted in
-  lockstep over a group of prompts, with the LM head only over the slots the walk reads.
+- `all` (`replay_all`): batched drafter passes over *every* anchor position of a group of prompts
+  (`draft_many`); the LM head over every slot at the teacher-forced anchors and, at the others, only over
+  the slots a walk reads (rounds over slot groups while the prefix matches the reference: `lazy_heads`).
+- `visited` (`replay_visited`): only the anchors the loop visits (one in τ), drafted in lockstep over a
+  group of prompts (one drafter pass per step over every prompt's anchor, one host read of its proposals),
+  with the LM head only over the slots the walk reads.
 Teacher-forced accuracy (slot k right whatever the earlier slots) counts every `tf_stride`-th anchor
 (P, P+s, ...): all of them at stride 1; a systematic sample, unbiased for the per-slot accuracy and
 with its SE over prompts, at stride s > 1. With `scores` also the drafter's NLL of each reference token
-and its top-1 probability there (a log-sum-exp over the vocabulary at every slot, ~30% more on CPU).
+and its top-1 probability there (a log-sum-exp over the vocabulary at every slot, computed chunk by chunk
+beside the top k: dflash/models/drafter/head.py).
 
 DFlash2 drafters (dflash/models/drafter/dflash2.py): the proposal is the selector's walk; the same drafter
 passes also give the unary argmax, whose own walk over the same reference is counted beside
@@ -63,12 +66,14 @@ from dflash.stages.replay.drafts import (  # noqa: F401  (re-exported: the repla
     draft_anchors,
     draft_many,
     drafter_hidden,
+    finite_rows,
     lazy_greedy,
     lazy_proposals,
     other_offset,
     padded_kv,
     prepare,
     propose_rows,
+    refuse_non_finite,
 )
 
 ANCHOR_MODES = ("all", "visited")
@@ -246,8 +251,11 @@ def _stride(d: Drafts, st: int) -> Drafts:
 def replay_all(
     drafter: DFlashDrafter, target: Target, seqs: list[ReplaySeq], opt: ReplayOptions
 ) -> list[tuple[Counters, list[Block]]]:
-    """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`), then walk each."""
-    drafts = draft_many(drafter, target, seqs, [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs], opt)
+    """The `all` mode over a group of prompts: draft every anchor of every prompt (`draft_many`: every slot through
+    the LM head at the teacher-forced anchors, only the slots a walk reads at the others), then walk each."""
+    anchors = [torch.arange(s.first, s.T - 1, device=s.ids.device) for s in seqs]
+    grid = [torch.arange(len(a), device=a.device) % opt.tf_stride == 0 for a in anchors]  # the teacher-forced ones
+    drafts = draft_many(drafter, target, seqs, anchors, opt, full=grid)
     ids, drafts = _to_host(seqs, drafts)
     return [_walk_all(drafter, s, i, d, opt) for s, i, d in zip(seqs, ids, drafts)]
 
@@ -260,12 +268,14 @@ def _walk_all(
     (DSpark: the proposal cut at `verified`), the other slot convention's (opt.other)."""
     seq, fields = ids.tolist(), counter_fields(drafter, opt)
     c, blocks = replay(seq, s.first, d.tokens.tolist(), **fields)
+    for b in blocks:
+        b.proposal = _drafted(b.proposal)
     if d.unary is not None:
         unary = d.unary.tolist()
         cu, _ = replay(seq, s.first, unary, c.block_size)
         c.unary_steps, c.unary_committed = cu.steps, cu.committed
         for b in blocks:
-            b.unary = unary[b.anchor_pos - s.first]
+            b.unary = _drafted(unary[b.anchor_pos - s.first])
     if d.accept_p is not None and c.confidence:
         conf = d.accept_p.tolist()
         for b in blocks:
@@ -279,6 +289,11 @@ def _walk_all(
         c.other_steps, c.other_committed = co.steps, co.committed
     _teacher_forced(s, ids, _stride(d, opt.tf_stride), c, opt.tf_stride)
     return c, blocks
+
+
+def _drafted(prop: list[int]) -> list[int]:
+    """A proposal without the slots the lazy head left undrafted (-1: a tail; `draft_many`)."""
+    return prop[: prop.index(-1)] if -1 in prop else prop
 
 
 @dataclass
@@ -362,6 +377,7 @@ def replay_visited(
     )  # [S, Tmax+...]: -1 past each end
     for i, s in enumerate(seqs):
         ext[i, : s.T] = s.ids
+    finite: list[tuple[Tensor, Tensor]] = []  # per pass: anchors, their states finite (read once, at the end)
     while True:
         need: dict[tuple[int, int], set[str]] = {}
         for w in walks:
@@ -372,18 +388,20 @@ def replay_visited(
             break
         todo, drafted = [(i, p) for i, p in sorted(need) if p not in known[i]], {}
         for part in (todo[j : j + opt.chunk] for j in range(0, len(todo), opt.chunk)):
-            idx, anc = (
-                torch.tensor([i for i, _ in part], device=dev),
-                torch.tensor([p for _, p in part], device=dev),
-            )  # [R]
-            L = int(anc.max()) + int(opt.see_anchor)
-            L = min(kv[0][0].shape[2], -(-L // CTX_ROUND) * CTX_ROUND)  # as drafter_hidden rounds it: few shapes
-            every = idx.tolist() == list(range(len(seqs)))
+            rows_i, rows_p = [i for i, _ in part], [p for _, p in part]  # on the host: no read of the device
+            idx, anc = torch.tensor(rows_i, device=dev), torch.tensor(rows_p, device=dev)  # [R]
+            L = min(kv[0][0].shape[2], -(-(max(rows_p) + int(opt.see_anchor)) // CTX_ROUND) * CTX_ROUND)
             rows = (
-                kv if every else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
+                kv
+                if rows_i == list(range(len(seqs)))
+                else [(k[:, :, :L].index_select(0, idx), v[:, :, :L].index_select(0, idx)) for k, v in kv]
             )
             tok = ext[idx, anc]
-            h = drafter_hidden(drafter, target, tok[:, None], anc[:, None], rows, opt.backend, opt.see_anchor)[:, 0]
+            h = drafter_hidden(
+                drafter, target, tok[:, None], anc[:, None], rows, opt.backend, opt.see_anchor, L, False
+            )  # [R, 1, B, H]
+            finite.append((anc, finite_rows(h)[:, 0]))
+            h = h[:, 0]
             labels = ext[idx[:, None], anc[:, None] + torch.arange(1, K + 1, device=dev)]  # [R, K]
             other_labels = ext[idx[:, None], anc[:, None] + torch.arange(1, K2 + 1, device=dev)]  # [R, K']
             found = _visited_drafts(drafter, target, h, tok, labels, other_labels, [need[q] for q in part], opt)
@@ -411,6 +429,8 @@ def replay_visited(
                 else:
                     count_step(wc[w][i], a, commit, len(prop))
                 pos[w][i] += commit
+    if finite:
+        refuse_non_finite(*(torch.cat(x) for x in zip(*finite)), drafter.fc.weight.dtype)
     for i, (c, _) in enumerate(outs):
         if "unary" in wc:
             c.unary_steps, c.unary_committed = wc["unary"][i].steps, wc["unary"][i].committed
