@@ -291,7 +291,7 @@ def scale_eval(spec: dict[str, Any]) -> None:
         threads=torch.get_num_threads(),
     )
     out["replay_modes"] = {}  # the replay again in each mode, references cached and features in memory
-    default = (cfg.replay.mode(spec["device"].startswith("cuda")), cfg.replay.tf_stride)
+    default = (cfg.replay.mode(), cfg.replay.tf_stride)
     out["default_replay"] = mode_key(*default)
     for anchors, stride in dict.fromkeys(
         [("all", 1), ("visited", 1), ("visited", 4), default]

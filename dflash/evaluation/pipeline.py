@@ -268,7 +268,7 @@ def replay_prompts(
     layer_ids, rp = drafter.model.cfg.target_layer_ids, cfg.replay
     chunk = int(cfg.anchors_per_chunk or auto_chunk(drafter.model.cfg, target.device.type, target.dtype.itemsize))
     opt = ReplayOptions(
-        rp.mode(target.device.type == "cuda"),
+        rp.mode(),
         rp.tf_stride,
         chunk,
         cfg.attention.drafter,
@@ -465,7 +465,7 @@ def evaluate_drafter(prep: Prepared, src: DrafterSource, timings: dict[str, floa
         references=ref_stats,
         drafter_config=effective_config(dc, drafter.model.sliding_window == "apply"),
         linear_attention_kernel=linear_attention_kernel(target.model),
-        replay_anchors=cfg.replay.mode(target.device.type == "cuda"),
+        replay_anchors=cfg.replay.mode(),
         tf_stride=cfg.replay.tf_stride,
         prompt_format=prompt_format(cfg.target.template),
         checkpoint_origin=drafter.origin,

@@ -338,21 +338,17 @@ def test_sweep_name_says_what_was_swept():
     assert sweep_name(["scores=true"]) == "sweep scores=true"  # a one-job -m: its overrides
 
 
-def test_replay_anchors_auto_resolves_by_the_stride():
-    """auto (the default): every anchor drafted at tf_stride 1, where each is a teacher-forced anchor anyway, and on
-    CUDA; only the visited ones with a stride on a CPU (the default stride, 4, the schema's alone); an explicit choice
-    stays."""
+def test_replay_anchors_auto_drafts_every_anchor():
+    """auto (the default) resolves to `all` at any stride (the default stride, 4, the schema's alone); an explicit
+    choice stays."""
     from dflash.config.compose import to_object
     from dflash.config.schema import ReplayConfig
 
     cfg = to_object(_compose("config", []))
     assert cfg.replay.anchors == "auto" and cfg.replay.tf_stride == ReplayConfig.tf_stride == 4
-    assert cfg.replay.mode(cuda=False) == "visited" and cfg.replay.mode(cuda=True) == "all"
-    exact = to_object(_compose("config", ["replay.tf_stride=1"])).replay
-    assert exact.mode(cuda=False) == "all" and exact.mode(cuda=True) == "all"
+    assert cfg.replay.mode() == "all" and to_object(_compose("config", ["replay.tf_stride=1"])).replay.mode() == "all"
     assert (
-        ReplayConfig(anchors="visited").mode(cuda=True) == "visited"
-        and ReplayConfig(anchors="all", tf_stride=4).mode(cuda=False) == "all"
+        ReplayConfig(anchors="visited").mode() == "visited" and ReplayConfig(anchors="all", tf_stride=4).mode() == "all"
     )
 
 
