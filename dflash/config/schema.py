@@ -282,8 +282,7 @@ class ReplayConfig:
             )
         if self.anchors not in ("auto", "visited", "all", "???"):
             raise ConfigError(
-                f"replay.anchors={self.anchors!r}: use auto (all at tf_stride 1 or on CUDA, else visited), visited "
-                f"(only the anchors "
+                f"replay.anchors={self.anchors!r}: use auto (the measured default: all), visited (only the anchors "
                 "the loop visits) or all (every anchor)"
             )
         if isinstance(self.tf_stride, int) and self.tf_stride < 1:
