@@ -19,6 +19,7 @@ share of the target pass); `wall_s_per_step` is the wall clock of the whole loop
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,8 +235,9 @@ def train(cfg: Any, target: Any = None, seqs: list | None = None) -> dict[str, d
                     after_step(lv, cfg, total, lr, m.loss, m.grad_norm, exports)
                 bar.update(1)
     finally:
+        stop = sys.exc_info()[:2]  # the exception leaving the loop, if any: each run ends FAILED or KILLED with it
         for lv in live:
-            lv.tracker.close()
+            lv.tracker.close(*stop)
     return {lv.rs.variant.name: finish(lv) for lv in live}
 
 

@@ -127,10 +127,12 @@ class Tracker:
         if self.run is not None:
             self.run.log_metrics(metrics, step=step)
 
-    def close(self) -> None:
+    def close(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None) -> None:
+        """The rows' file closed and the MLflow run ended: FINISHED, or with the exception that stops training
+        FAILED (an error) or KILLED (Ctrl-C, SIGTERM), as an evaluation's run ends (tracking.Run.__exit__)."""
         self.file.close()
         if self.run is not None:
-            self.run.end()
+            self.run.__exit__(exc_type, exc, None)
 
 
 def import_metrics(

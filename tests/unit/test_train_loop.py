@@ -222,6 +222,29 @@ def test_mlflow_one_run_per_variant(target, seqs, tmp_path):
     assert mlflow.get_run(rid).data.metrics["loss"] > 0
 
 
+@pytest.mark.parametrize("stop, status", [(KeyboardInterrupt, "KILLED"), (RuntimeError, "FAILED")])
+def test_a_training_run_stopped_midway_ends_killed_or_failed(target, seqs, tmp_path, monkeypatch, stop, status):
+    """Ctrl-C (or SIGTERM, raised as Terminated) and an error during training end every variant's MLflow run KILLED or
+    FAILED, never FINISHED nor RUNNING."""
+    mlflow = pytest.importorskip("mlflow")
+    from dflash.train import loop
+
+    cfg = tiny_cfg(tmp_path, variants=["fixed", "loss_dilution"], tracking={"enabled": True}, optim={"steps": 4})
+    real = loop.after_step
+
+    def after(lv, cfg, total, *a):
+        real(lv, cfg, total, *a)
+        if lv.rs.step == 2:
+            raise stop("stopped at step 2")
+
+    monkeypatch.setattr(loop, "after_step", after)
+    with pytest.raises(stop):
+        T.train(cfg, target=target, seqs=seqs)
+    mlflow.set_tracking_uri(cfg.tracking.uri)
+    runs = mlflow.search_runs(experiment_names=["dflash-train/tiny"])
+    assert len(runs) == 2 and set(runs["status"]) == {status}, runs["status"].tolist()
+
+
 def test_training_ratios_over_nothing_stay_undefined():
     """A window whose slot k has no labelled position: acc_k and what depends on it are None, not 0 or a clamp."""
     import torch
