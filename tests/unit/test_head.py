@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dflash.models.drafter.dflash2 import propose, propose_logits, transform, unary_candidates
+from dflash.models.drafter.dflash2 import candidates, propose, propose_logits, transform
 from dflash.models.drafter.head import (
     Head,
     canonical_topk,
@@ -185,24 +185,23 @@ def test_scores(dtype, cols):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_reduced_vocabulary_scale_and_bias(dtype):
-    """A reduced draft vocabulary (rows at scattered, non-monotone target ids), a logit scale and a per-row bias over
-    the vocabulary: select over chunks equals the full scattered logits (-inf at ids without a row), ties included;
-    a reference without a row scores -inf."""
+def test_reduced_vocabulary_and_scale(dtype):
+    """A reduced draft vocabulary (rows at scattered, non-monotone target ids) and a logit scale: select over chunks
+    equals the full scattered logits (-inf at ids without a row), ties included; a reference without a row scores
+    -inf."""
     h, W = tied_case(dtype, V=700)
     V = 1000
     ids = torch.randperm(V, generator=torch.Generator().manual_seed(5))[:700]
-    extra = torch.randint(-1, 2, (h.shape[0], 700), generator=torch.Generator().manual_seed(6)).to(dtype)
     hd = head(W, scale=2.0, ids=ids, vocab=V)
     full = torch.full((h.shape[0], V), float("-inf"), dtype=dtype)
-    full[:, ids] = F.linear(h, W) * 2.0 + extra
+    full[:, ids] = F.linear(h, W) * 2.0
     ref = torch.arange(h.shape[0]) * 31  # some have a row, some not
     for budget in (4 * h.shape[0] * 2000, 1):  # one chunk; MIN_COLS
-        out = select(hd, h, 6, ref=ref, bias=lambda lo, hi: extra[:, lo:hi], budget=budget)
+        out = select(hd, h, 6, ref=ref, budget=budget)
         assert torch.equal(out.ids, stable_topk(full, 6)[1]) and torch.equal(out.values, stable_topk(full, 6)[0])
         assert torch.equal(out.ref_score, full.float().gather(-1, ref[:, None])[:, 0])
         torch.testing.assert_close(out.lse, full.float().logsumexp(-1))
-        top1 = select(hd, h, 1, bias=lambda lo, hi: extra[:, lo:hi], budget=budget)
+        top1 = select(hd, h, 1, budget=budget)
         assert torch.equal(top1.ids[:, 0], full.argmax(-1))
 
 
@@ -244,7 +243,7 @@ def test_propose_in_chunks_equals_the_full_logits(qwen3_target, make_drafter, mo
         assert (p.topk is None and c.topk is None) or torch.equal(p.topk, c.topk)
     if arch == "dflash2":
         z = d.logits(lin, h.reshape(-1, Hs)).view(6, d.cfg.block_size - 1, -1)
-        cand = unary_candidates(d.candidate_selector, d.cfg.dflash2, z, h)
+        cand = candidates(d.candidate_selector, d.cfg.dflash2, *canonical_topk(z, d.cfg.dflash2.selector_top_k), h)
         assert torch.equal(cand.ids, stable_topk(z, d.cfg.dflash2.selector_top_k)[1])
         assert torch.equal(cand.scores, transform(stable_topk(z, d.cfg.dflash2.selector_top_k)[0], d.cfg.dflash2))
 

@@ -112,12 +112,6 @@ def transform(logits: Tensor, d2: DFlash2Config) -> Tensor:
     return x
 
 
-def unary_candidates(selector: CandidateSelector, d2: DFlash2Config, logits: Tensor, h: Tensor) -> Candidates:
-    """logits [R, K, V] raw LM-head logits, h [R, K, H] the slots' final states -> Candidates (the top k in the
-    canonical order: value desc, id asc; head.py)."""
-    return candidates(selector, d2, *canonical_topk(logits, d2.selector_top_k), h)
-
-
 def candidates(selector: CandidateSelector, d2: DFlash2Config, values: Tensor, ids: Tensor, h: Tensor) -> Candidates:
     """The raw top k (values, ids [R, K, k], canonical order) and h [R, K, H] -> Candidates: the values transformed
     after selection (SGLang's order), the slots' selector projections."""

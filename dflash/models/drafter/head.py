@@ -45,7 +45,6 @@ HEAD_BYTES = 1 << 28  # logits held at once (float32 bytes): a chunk's [R, C]
 MIN_COLS = 1024  # the narrowest chunk (many rows): a chunk is still a large product
 
 Score = Callable[[Tensor], Tensor]  # elementwise, [R, C] -> float32 [R, C] (monotone non-decreasing)
-Bias = Callable[[int, int], Tensor]  # (lo, hi) -> [R, hi - lo]: a per-row additive bias over W's rows lo..hi-1
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class Head:
     ids: Tensor | None = None  # [V'] the target id of row i (a reduced draft vocabulary: i + d2t[i]); None: i
     vocab: int | None = None  # the target's vocabulary (with `ids`: where the scattered logits would land)
 
-    def chunks(self, h: Tensor, cols: int, bias: Bias | None = None) -> Iterator[tuple[int, Tensor]]:
+    def chunks(self, h: Tensor, cols: int) -> Iterator[tuple[int, Tensor]]:
         """h [R, H] -> (lo, z[:, lo:lo+C]) over W's rows, C = cols: one call of `whole` where a chunk covers W."""
         V = None if self.weight is None else self.weight.shape[0]
         for lo in range(0, V or 1, cols):
@@ -72,7 +71,7 @@ class Head:
                 z = F.linear(h, w, b)  # [R, C]
             if self.scale != 1.0:
                 z = z * self.scale
-            yield lo, z if bias is None else z + bias(lo, lo + z.shape[-1])
+            yield lo, z
 
 
 def head_of(drafter: nn.Module, target_head: Callable[[Tensor], Tensor], linear: nn.Linear | None = None) -> Head:
@@ -180,15 +179,14 @@ def select(
     k: int,
     ref: Tensor | None = None,
     score: Score | None = None,
-    bias: Bias | None = None,
     budget: int = HEAD_BYTES,
 ) -> HeadOut:
-    """h [R, H] slot states -> the canonical top k of z = head(h) (+ bias) per row, in chunks of `budget` bytes.
+    """h [R, H] slot states -> the canonical top k of z = head(h) per row, in chunks of `budget` bytes.
     With ref [R] (target ids), also the log-sum-exp, the reference's score and the top score of score(z) in float32
     (score: elementwise; None: z.float()). k = 1 for the argmax (DFlash), selector_top_k for DFlash2's candidates."""
     rows = None if ref is None else ref.to(h.device) if head.ids is None else _rows_of(head, ref.to(h.device))
     ids = None if head.ids is None else head.ids.to(h.device)
-    return top_of_chunks(head.chunks(h, chunk_cols(h.shape[0], budget), bias), k, ids, rows, score)
+    return top_of_chunks(head.chunks(h, chunk_cols(h.shape[0], budget)), k, ids, rows, score)
 
 
 def top_of_chunks(

@@ -277,8 +277,9 @@ def draft_many(
     B, K, K2 = cfg.block_size, cfg.proposals, cfg.block_size - other_offset(cfg)
     if cfg.dspark is not None:  # its rollout, thresholds and confidence read every slot
         full = None
+    elem = 4 if opt.scores else target.dtype.itemsize  # DSpark's whole logits (float32 for the scores)
     per_call = max(  # anchors per LM-head call: DSpark's whole logits, else the chunked head's narrowest chunk
-        1, HEAD_BYTES // (B * (target.vocab_size * target.dtype.itemsize if cfg.dspark else 4 * MIN_COLS))
+        1, HEAD_BYTES // (B * (target.vocab_size * elem if cfg.dspark else 4 * MIN_COLS))
     )
     cols: list[dict[str, list]] = [{n: [] for n in FIELDS} for _ in seqs]
     for spans in _passes([len(a) for a in anchors], opt.chunk):
