@@ -237,40 +237,32 @@ def test_a_dspark_variant_warm_starts_its_backbone_from_a_dflash2_export(target,
     from safetensors.torch import load_file
 
     d2 = {"arch": "dflash2", "selector_rank": 4, "selector_top_k": 4, "conv_group_size": 8}
-    T.train(tiny_cfg(tmp_path / "a", drafter=d2, optim={"steps": 2}), target=target, seqs=seqs)
-    cfg = tiny_cfg(
-        tmp_path / "b",
-        drafter={**DSPARK, "conv_kernel_size": 2, "conv_group_size": 8},
-        optim={"steps": 2},
-        init_from=str(tmp_path / "a" / "ckpt"),
-        stop_after=0,
-    )
-    T.train(cfg, target=target, seqs=seqs)
-    a = load_file(str(tmp_path / "a" / "ckpt" / "fixed" / "step_2" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "ckpt" / "fixed" / "step_0" / "model.safetensors"))
+
+    def warm_start(src: str, dst: str, drafter: dict | None) -> tuple[dict, dict]:
+        """A 2-step export at src (drafter), a DSpark variant warm-started from it at dst -> both exports' tensors."""
+        over = {"drafter": drafter} if drafter else {}
+        T.train(tiny_cfg(tmp_path / src, optim={"steps": 2}, **over), target=target, seqs=seqs)
+        cfg = tiny_cfg(
+            tmp_path / dst,
+            drafter={**DSPARK, "conv_kernel_size": 2, "conv_group_size": 8},
+            optim={"steps": 2},
+            init_from=str(tmp_path / src / "ckpt"),
+            stop_after=0,
+        )
+        T.train(cfg, target=target, seqs=seqs)
+        step = {src: "step_2", dst: "step_0"}
+        return tuple(
+            load_file(str(tmp_path / f / "ckpt" / "fixed" / step[f] / "model.safetensors")) for f in (src, dst)
+        )
+
+    a, b = warm_start("a", "b", d2)
     backbone = [k for k in b if not k.startswith(("markov_head.", "confidence_head."))]
     assert any("attention_conv" in k for k in backbone) and all(torch.equal(a[k], b[k]) for k in backbone)
     assert not b["markov_head.markov_w2.weight"].any() and not any(k.startswith("candidate_selector") for k in b)
     # from a DFlash export (no convolutions): the DSpark variant's convolutions start as the identity
-    T.train(tiny_cfg(tmp_path / "p", optim={"steps": 2}), target=target, seqs=seqs)
-    cfg = tiny_cfg(
-        tmp_path / "q",
-        drafter={**DSPARK, "conv_kernel_size": 2, "conv_group_size": 8},
-        optim={"steps": 2},
-        init_from=str(tmp_path / "p" / "ckpt"),
-        stop_after=0,
-    )
-    T.train(cfg, target=target, seqs=seqs)
-    q = load_file(str(tmp_path / "q" / "ckpt" / "fixed" / "step_0" / "model.safetensors"))
+    p, q = warm_start("p", "q", None)
     base = q["layers.0.attention_conv.base_kernel"]
-    assert (
-        base[:, 0].eq(1).all()
-        and not base[:, 1:].any()
-        and torch.equal(
-            q["fc.weight"],
-            load_file(str(tmp_path / "p" / "ckpt" / "fixed" / "step_2" / "model.safetensors"))["fc.weight"],
-        )
-    )
+    assert base[:, 0].eq(1).all() and not base[:, 1:].any() and torch.equal(q["fc.weight"], p["fc.weight"])
     with pytest.raises(ConfigError, match=r"init_from: .* missing \['layers\.1\..*drafter.num_layers"):
         T.train(
             tiny_cfg(tmp_path / "c", drafter={**DSPARK, "num_layers": 2}, init_from=str(tmp_path / "a" / "ckpt")),
